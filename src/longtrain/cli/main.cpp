@@ -1,0 +1,93 @@
+// The `longtrain` command. `train` validates the config once, then either launches N local
+// ranks (--nproc) or, inside a rank (torchrun-style environment), rendezvouses and trains.
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "longtrain/comm/comm.h"
+#include "longtrain/comm/launch.h"
+#include "longtrain/core/check.h"
+#include "longtrain/train/config.h"
+#include "longtrain/train/trainer.h"
+
+namespace {
+
+int envInt(const char* k, int def) {
+  const char* v = std::getenv(k);
+  return v && *v ? std::atoi(v) : def;
+}
+
+int cmdTrain(int argc, char** argv, const std::string& configPath, int nproc, const std::vector<std::string>& sets,
+             const std::string& metricsPath, bool printProgram) {
+  const bool inRank = std::getenv("WORLD_SIZE") != nullptr;
+  const int world = inRank ? envInt("WORLD_SIZE", 1) : nproc;
+  // Validate before launching, so a config error is reported once, not once per rank.
+  lt::train::Config cfg = lt::train::loadConfig(configPath, sets, world);
+  if (!inRank && nproc > 1) {
+    std::vector<std::string> args(argv, argv + argc);
+    lt::comm::LaunchOptions lo;
+    lo.nproc = nproc;
+    lo.grace = std::chrono::milliseconds(static_cast<int64_t>(cfg.train.commTimeoutS * 1000) + 10000);
+    return lt::comm::launchLocal(args, lo);
+  }
+  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.train.commTimeoutS * 1000));
+  auto rv = lt::comm::rendezvousFromEnv(timeout);
+  int threads = cfg.train.threads;
+  if (threads <= 0)
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, rv.localSize));
+  at::set_num_threads(threads);
+  at::set_num_interop_threads(1);
+
+  lt::comm::Options co;
+  co.timeout = timeout;
+  lt::comm::Groups groups;
+  if (rv.size == 1) {
+    groups = lt::comm::makeGroups(c10::make_intrusive<c10d::HashStore>(), 0, 1, cfg.sequenceParallelSize, co);
+  } else {
+    groups = lt::comm::makeGroups(rv.store, rv.rank, rv.size, cfg.sequenceParallelSize, co, rv.heartbeatStore);
+  }
+  lt::train::TrainOptions to;
+  to.metricsPath = metricsPath;
+  to.printProgram = printProgram;
+  to.faultKillRank = envInt("LONGTRAIN_FAULT_KILL_RANK", -1);
+  to.faultKillStep = envInt("LONGTRAIN_FAULT_KILL_STEP", -1);
+  auto s = lt::train::runTraining(cfg, groups, to);
+  if (rv.rank == 0)
+    std::printf("done: %lld steps, final loss %.4f, eval loss %.4f, eval accuracy %.3f, %.0f tokens/s\n",
+                (long long)s.steps, s.finalLoss, s.evalLoss, s.evalAccuracy, s.tokensPerS);
+  groups.world->barrier();  // nobody tears down its process group while a peer still needs it
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"longtrain: long-sequence transformer training (Ulysses SP, ZeRO-3/SuperOffload, compile passes)"};
+  app.require_subcommand(1);
+  auto* train = app.add_subcommand("train", "train a model from a JSON config (DeepSpeed key names)");
+  std::string config, metrics;
+  int nproc = 1;
+  std::vector<std::string> sets;
+  bool printProgram = false;
+  train->add_option("CONFIG", config, "path of the JSON config")->required();
+  train->add_option("--nproc", nproc, "local ranks to launch (like torchrun --standalone --nproc-per-node)")
+      ->check(CLI::Range(1, 1024));
+  train->add_option("--set", sets, "override a config key by its dotted path with a JSON value, e.g. "
+                                   "--set zero_optimization.stage=3 (repeatable)");
+  train->add_option("--metrics", metrics, "write one JSON object per optimizer step to this file (rank 0)");
+  train->add_flag("--print-program", printProgram, "print the step program before training");
+  CLI11_PARSE(app, argc, argv);
+  const int rank = envInt("RANK", 0);
+  try {
+    if (*train) return cmdTrain(argc, argv, config, nproc, sets, metrics, printProgram);
+  } catch (const std::exception& e) {
+    if (std::getenv("WORLD_SIZE")) std::fprintf(stderr, "longtrain: error on rank %d: %s\n", rank, e.what());
+    else std::fprintf(stderr, "longtrain: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

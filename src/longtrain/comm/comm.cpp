@@ -1,0 +1,270 @@
+// Communicator implementation: c10d Gloo process groups, local epilogues for the
+// collectives Gloo 1.13 lacks, and heartbeat-based diagnosis of lost ranks.
+#include "longtrain/comm/comm.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+#include <sstream>
+
+#include "longtrain/core/check.h"
+
+namespace lt::comm {
+
+// ---------------------------------------------------------------------------- Liveness
+static std::string hbKey(int r) { return "lt/hb/" + std::to_string(r); }
+
+Liveness::Liveness(c10::intrusive_ptr<c10d::Store> store, int rank, int size, Millis interval)
+    : store_(std::move(store)), rank_(rank), size_(size), interval_(interval) {
+  thread_ = std::thread([this] {
+    while (!stop_.load()) {
+      try {
+        store_->add(hbKey(rank_), 1);
+      } catch (...) {
+        // The store is gone (rank 0 died); diagnose() reports it. Keep the thread quiet.
+      }
+      for (int i = 0; i < 10 && !stop_.load(); ++i) std::this_thread::sleep_for(interval_ / 10);
+    }
+  });
+}
+
+Liveness::~Liveness() { stop(); }
+
+void Liveness::stop() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string Liveness::diagnose() {
+  try {
+    std::vector<int64_t> before(size_);
+    for (int r = 0; r < size_; ++r) before[r] = store_->add(hbKey(r), 0);
+    std::this_thread::sleep_for(interval_ * 4);
+    std::vector<int> lost;
+    for (int r = 0; r < size_; ++r)
+      if (store_->add(hbKey(r), 0) == before[r]) lost.push_back(r);
+    if (lost.empty()) return "every rank's heartbeat is alive (a slow rank or a mismatched collective)";
+    std::ostringstream os;
+    os << "lost rank(s): ";
+    for (size_t i = 0; i < lost.size(); ++i) os << (i ? ", " : "") << lost[i];
+    os << " (no heartbeat for " << (interval_ * 4).count() << " ms)";
+    return os.str();
+  } catch (const std::exception&) {
+    return "lost rank(s): 0 (the rendezvous store on rank 0 is unreachable)";
+  }
+}
+
+// ---------------------------------------------------------------------------- Work
+Work::Work(c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish, const Comm* comm, std::string what)
+    : work_(std::move(w)), finish_(std::move(finish)), comm_(comm), what_(std::move(what)) {}
+
+void Work::wait() {
+  if (work_) {
+    auto w = std::move(work_);
+    try {
+      w->wait();
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);  // drop c10 backtraces
+      LT_CHECK(false, what_, " on group '", comm_->name(), "' failed (timeout ",
+               comm_->options().timeout.count(), " ms): ", msg, "; ", comm_->diagnoseFailure());
+    }
+  }
+  if (finish_) {
+    auto f = std::move(finish_);
+    f();
+  }
+}
+
+// ---------------------------------------------------------------------------- Comm
+Comm::Comm(c10::intrusive_ptr<c10d::Store> store, int rank, int size, Options opts, std::string name,
+           std::vector<int> globalRanks, std::shared_ptr<Liveness> liveness)
+    : rank_(rank), size_(size), opts_(std::move(opts)), name_(std::move(name)),
+      globalRanks_(std::move(globalRanks)), liveness_(std::move(liveness)) {
+  LT_ASSERT(rank >= 0 && rank < size);
+  if (globalRanks_.empty())
+    for (int r = 0; r < size; ++r) globalRanks_.push_back(r);
+  LT_ASSERT((int)globalRanks_.size() == size);
+  auto o = c10d::ProcessGroupGloo::Options::create(opts_.timeout);
+  o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(opts_.hostname));
+  o->threads = 2;
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("lt/pg/" + name_, std::move(store));
+  try {
+    pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, o);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    LT_CHECK(false, "cannot connect group '", name_, "' (rank ", rank, " of ", size, ", timeout ",
+             opts_.timeout.count(), " ms): ", msg, "; ", diagnoseFailure());
+  }
+}
+
+Comm::~Comm() = default;
+
+std::string Comm::diagnoseFailure() const {
+  if (!liveness_) return "no heartbeat to tell which rank was lost";
+  return liveness_->diagnose();
+}
+
+static c10d::ReduceOp toC10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::ReduceOpSum: return c10d::ReduceOp::SUM;
+    case ReduceOp::ReduceOpMax: return c10d::ReduceOp::MAX;
+    case ReduceOp::ReduceOpMin: return c10d::ReduceOp::MIN;
+  }
+  LT_ASSERT(false);
+}
+
+Work Comm::allReduce(at::Tensor t, ReduceOp op) {
+  if (size_ == 1) return {};
+  LT_ASSERT(t.is_contiguous());
+  std::vector<at::Tensor> ts{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = toC10d(op);
+  o.timeout = opts_.timeout;
+  return Work(pg_->allreduce(ts, o), nullptr, this, "allReduce");
+}
+
+Work Comm::allGather(at::Tensor out, at::Tensor in) {
+  LT_ASSERT(out.numel() == in.numel() * size_, "allGather: out has ", out.numel(), " elements, expected ",
+            in.numel() * size_);
+  LT_ASSERT(out.is_contiguous() && out.scalar_type() == in.scalar_type());
+  auto flatOut = out.view({size_, in.numel()});
+  if (size_ == 1) {
+    flatOut[0].copy_(in.reshape({-1}));
+    return {};
+  }
+  std::vector<std::vector<at::Tensor>> outs(1);
+  for (int r = 0; r < size_; ++r) outs[0].push_back(flatOut[r]);
+  std::vector<at::Tensor> ins{in.contiguous().view({-1})};
+  c10d::AllgatherOptions o;
+  o.timeout = opts_.timeout;
+  return Work(pg_->allgather(outs, ins, o), nullptr, this, "allGather");
+}
+
+std::vector<int64_t> Comm::chunkSizes(int64_t n) const {
+  std::vector<int64_t> c(size_, n / size_);
+  for (int64_t i = 0; i < n % size_; ++i) c[i] += 1;
+  return c;
+}
+
+Work Comm::reduceScatter(at::Tensor out, at::Tensor in) {
+  auto chunks = chunkSizes(in.numel());
+  int64_t mine = chunks[rank_];
+  LT_ASSERT(out.numel() == mine, "reduceScatter: out has ", out.numel(), " elements, expected ", mine);
+  LT_ASSERT(out.is_contiguous());
+  if (size_ == 1) {
+    out.view({-1}).copy_(in.reshape({-1}));
+    return {};
+  }
+  auto flatIn = in.contiguous().view({-1});
+  auto recv = at::empty({size_ * mine}, in.options());
+  std::vector<int64_t> recvSplits(size_, mine);
+  c10d::AllToAllOptions o;
+  o.timeout = opts_.timeout;
+  auto w = pg_->alltoall_base(recv, flatIn, recvSplits, chunks, o);
+  // The epilogue sums the `size` received copies of this rank's chunk, in rank order, so
+  // every rank's result is bitwise deterministic.
+  return Work(w, [recv, out, mine, n = size_, flatIn]() mutable {
+    auto o = out.view({mine});
+    at::sum_out(o, recv.view({n, mine}), {0});
+  }, this, "reduceScatter");
+}
+
+Work Comm::allToAll(at::Tensor out, at::Tensor in) {
+  LT_ASSERT(in.size(0) % size_ == 0 && out.sizes() == in.sizes());
+  LT_ASSERT(in.is_contiguous() && out.is_contiguous());
+  if (size_ == 1) {
+    out.copy_(in);
+    return {};
+  }
+  std::vector<int64_t> none;
+  c10d::AllToAllOptions o;
+  o.timeout = opts_.timeout;
+  return Work(pg_->alltoall_base(out, in, none, none, o), nullptr, this, "allToAll");
+}
+
+Work Comm::broadcast(at::Tensor t, int root) {
+  if (size_ == 1) return {};
+  std::vector<at::Tensor> ts{t};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  o.timeout = opts_.timeout;
+  return Work(pg_->broadcast(ts, o), nullptr, this, "broadcast");
+}
+
+void Comm::barrier() {
+  if (size_ == 1) return;
+  // An allReduce of one element, not c10d's barrier: it honours our timeout the same way
+  // as every other collective and reports lost ranks alike.
+  auto t = at::zeros({1}, at::kFloat);
+  Work w = allReduce(t);
+  w.wait();
+}
+
+// ---------------------------------------------------------------------------- groups
+Groups makeGroups(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int spSize, Options opts,
+                  c10::intrusive_ptr<c10d::Store> heartbeatStore) {
+  LT_CHECK(spSize >= 1 && size % spSize == 0, "sequence_parallel_size=", spSize,
+           " must divide the world size ", size, "; choose a divisor of ", size);
+  Groups g;
+  if (size > 1) g.liveness = std::make_shared<Liveness>(heartbeatStore ? heartbeatStore : store, rank, size);
+  g.world = std::make_shared<Comm>(store, rank, size, opts, "world", std::vector<int>{}, g.liveness);
+  int spIndex = rank / spSize, spRank = rank % spSize, dpSize = size / spSize;
+  std::vector<int> spRanks, dpRanks;
+  for (int i = 0; i < spSize; ++i) spRanks.push_back(spIndex * spSize + i);
+  for (int i = 0; i < dpSize; ++i) dpRanks.push_back(i * spSize + spRank);
+  g.sp = spSize == size ? g.world
+                        : std::make_shared<Comm>(store, spRank, spSize, opts, "sp" + std::to_string(spIndex),
+                                                 spRanks, g.liveness);
+  g.dp = dpSize == size ? g.world
+                        : std::make_shared<Comm>(store, spIndex, dpSize, opts, "dp" + std::to_string(spRank),
+                                                 dpRanks, g.liveness);
+  return g;
+}
+
+static int envInt(const char* key, int def) {
+  const char* v = std::getenv(key);
+  if (!v || !*v) return def;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  LT_CHECK(end && *end == 0 && x >= 0, "environment variable ", key, "='", v, "' is not a non-negative integer");
+  return static_cast<int>(x);
+}
+
+EnvRendezvous rendezvousFromEnv(Millis timeout) {
+  EnvRendezvous r;
+  r.size = envInt("WORLD_SIZE", 1);
+  r.rank = envInt("RANK", 0);
+  r.localRank = envInt("LOCAL_RANK", r.rank);
+  r.localSize = envInt("LOCAL_WORLD_SIZE", r.size);
+  LT_CHECK(r.rank < r.size, "RANK=", r.rank, " must be below WORLD_SIZE=", r.size);
+  if (r.size == 1) return r;
+  const char* addr = std::getenv("MASTER_ADDR");
+  LT_CHECK(addr && *addr, "WORLD_SIZE=", r.size, " but MASTER_ADDR is not set; set MASTER_ADDR and MASTER_PORT ",
+           "(as torchrun does) or use --nproc N");
+  int port = envInt("MASTER_PORT", -1);
+  LT_CHECK(port > 0 && port < 65536, "MASTER_PORT must be set to a TCP port (1..65535)");
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(port);
+  o.isServer = r.rank == 0;
+  o.numWorkers = r.size;
+  o.waitWorkers = false;
+  o.timeout = timeout;
+  try {
+    r.store = c10::make_intrusive<c10d::TCPStore>(addr, o);
+    c10d::TCPStoreOptions h = o;
+    h.isServer = false;  // a second client connection for the heartbeat thread
+    r.heartbeatStore = c10::make_intrusive<c10d::TCPStore>(addr, h);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    LT_CHECK(false, "rank ", r.rank, ": cannot reach the rendezvous store at ", addr, ":", port, ": ", msg);
+  }
+  return r;
+}
+
+}  // namespace lt::comm

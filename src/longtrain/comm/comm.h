@@ -1,0 +1,133 @@
+// Communicator over c10d's ProcessGroupGloo. Guarantees:
+// - Every collective is asynchronous and returns a Work handle; nothing is complete until
+//   wait() returns. Tensors passed in must stay alive and untouched until then.
+// - allReduce and broadcast are in place; allGather/reduceScatter/allToAll write `out`.
+// - Every collective is bounded by Options::timeout. A failure (a dead or silent peer)
+//   throws lt::Error from wait() naming the collective, the group and the lost world
+//   rank(s) as told by the heartbeat (see Liveness). Never a hang.
+// - Gloo in libtorch 1.13 lacks reduce_scatter: it is alltoall_base plus a local sum,
+//   the same bytes on the wire as a ring reduce-scatter.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace c10d {
+class Store;
+class ProcessGroup;
+class Work;
+}  // namespace c10d
+
+namespace lt::comm {
+
+using Millis = std::chrono::milliseconds;
+
+struct Options {
+  Millis timeout{60000};
+  std::string hostname{"127.0.0.1"};  // the interface Gloo binds to
+};
+
+// Every rank increments its own counter in the store every `interval`; when a collective
+// fails, the ranks whose counters stopped are the lost ones. A rank whose store is gone
+// (the store lives in world rank 0) reports rank 0 as lost.
+class Liveness {
+ public:
+  Liveness(c10::intrusive_ptr<c10d::Store> store, int rank, int size, Millis interval = Millis(200));
+  ~Liveness();
+  Liveness(const Liveness&) = delete;
+  Liveness& operator=(const Liveness&) = delete;
+  // Blocks ~4 intervals. Returns a human-readable verdict, e.g. "lost rank(s): 1".
+  std::string diagnose();
+  void stop();
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_, size_;
+  Millis interval_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+class Comm;
+
+class Work {
+ public:
+  Work() = default;  // already complete
+  Work(c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish, const Comm* comm, std::string what);
+  Work(Work&&) = default;
+  Work& operator=(Work&&) = default;
+  // Waits for completion (then runs the local epilogue, if any). Throws lt::Error on failure.
+  void wait();
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::function<void()> finish_;
+  const Comm* comm_ = nullptr;
+  std::string what_;
+};
+
+enum class ReduceOp { ReduceOpSum, ReduceOpMax, ReduceOpMin };
+
+class Comm {
+ public:
+  // `globalRanks[i]` is the world rank of this group's rank i (for error messages).
+  Comm(c10::intrusive_ptr<c10d::Store> store, int rank, int size, Options opts, std::string name,
+       std::vector<int> globalRanks = {}, std::shared_ptr<Liveness> liveness = nullptr);
+  ~Comm();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  const Options& options() const { return opts_; }
+  int globalRank(int r) const { return globalRanks_[r]; }
+
+  Work allReduce(at::Tensor t, ReduceOp op = ReduceOp::ReduceOpSum);
+  // out: [size * in.numel()] elements, rank i's `in` at offset i * in.numel(). Any shapes.
+  Work allGather(at::Tensor out, at::Tensor in);
+  // in: any length N (flat); out: this rank's chunk of the sum, chunk sizes from chunkSizes(N).
+  Work reduceScatter(at::Tensor out, at::Tensor in);
+  // in/out: dim 0 divisible by size; chunk i of `in` goes to rank i, out's chunk j came from j.
+  Work allToAll(at::Tensor out, at::Tensor in);
+  Work broadcast(at::Tensor t, int root);
+  void barrier();
+
+  // Chunk sizes of an N-element buffer split over the group: the first N % size get one more.
+  std::vector<int64_t> chunkSizes(int64_t n) const;
+
+  // Text appended to a failed collective's error (the Liveness verdict).
+  std::string diagnoseFailure() const;
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  int rank_, size_;
+  Options opts_;
+  std::string name_;
+  std::vector<int> globalRanks_;
+  std::shared_ptr<Liveness> liveness_;
+};
+
+// The world, sequence-parallel and data-parallel groups of one rank (DESIGN.md: SP groups
+// are contiguous ranks of size sp; DP groups join ranks with the same SP rank).
+struct Groups {
+  std::shared_ptr<Liveness> liveness;
+  std::shared_ptr<Comm> world, sp, dp;
+};
+
+Groups makeGroups(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int spSize, Options opts,
+                  c10::intrusive_ptr<c10d::Store> heartbeatStore = {});
+
+// Rendezvous from a torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). A missing RANK means a single-rank run.
+struct EnvRendezvous {
+  int rank = 0, size = 1, localRank = 0, localSize = 1;
+  c10::intrusive_ptr<c10d::Store> store, heartbeatStore;  // null when size == 1
+};
+EnvRendezvous rendezvousFromEnv(Millis timeout);
+
+}  // namespace lt::comm

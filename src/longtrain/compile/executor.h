@@ -1,0 +1,47 @@
+// Runs a Program on one micro-batch. The executor owns the activation bookkeeping (kept
+// block inputs, the running upstream gradient); everything distributed is a hook the engine
+// supplies, so the same executor serves DP, SP and ZeRO. The loss is scaled before
+// backward by `gradScale / lossDenominator` so gradients come out already normalized.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+
+#include "longtrain/compile/program.h"
+#include "longtrain/data/data.h"
+#include "longtrain/model/model.h"
+
+namespace lt::compile {
+
+struct Hooks {
+  std::function<void(int group)> gather, release;  // may be empty (no ZeRO-3)
+  std::function<void(int group)> reduceGrads;      // may be empty (single rank)
+  std::function<void()> optimizerStep;
+};
+
+struct MicroBatchStats {
+  double lossSum = 0;   // this rank's sum of token losses
+  int64_t tokens = 0;   // this rank's scored tokens
+  int64_t correct = 0;  // this rank's argmax hits among them
+};
+
+struct RunOptions {
+  double lossDenominator = 1;  // scored tokens over the SP group (the loss is sum/denominator)
+  double gradScale = 1;        // 1 / gradient_accumulation_steps
+  bool boundary = true;        // run ReduceGrads / OptimizerStep
+};
+
+class Executor {
+ public:
+  Executor(const model::Model& m, model::AttentionFn attn, Hooks hooks);
+  MicroBatchStats run(const Program& p, const data::Batch& batch, const RunOptions& o);
+  // Forward only (for evaluation): runs the forward part of the program under no-grad.
+  MicroBatchStats evaluate(const Program& p, const data::Batch& batch);
+
+ private:
+  const model::Model& model_;
+  model::AttentionFn attn_;
+  Hooks hooks_;
+};
+
+}  // namespace lt::compile

@@ -1,0 +1,40 @@
+// The step program (DESIGN.md): one micro-batch's forward, loss and backward as an explicit
+// list of instructions over parameter groups (blocks 0..L-1, then the head group L), plus the
+// gradient reduction and optimizer step at the accumulation boundary. Compile passes rewrite
+// this list; the executor runs it. Block activations are checkpointed: Forward keeps only
+// each block's input, RecomputeBackward recomputes the block with grad and backpropagates.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace lt::compile {
+
+enum class OpCode {
+  OpEmbed,              // x0 = embed(ids), no grad
+  OpGather,             // make group g's parameters whole (ZeRO-3); no-op otherwise
+  OpForward,            // x_{g+1} = block_g(x_g), no grad; x_g kept
+  OpRelease,            // drop group g's gathered parameters
+  OpLossAndGrad,        // loss of head(x_L); its gradient flows into x_L and the head group
+  OpRecomputeBackward,  // recompute block g from kept x_g with grad, backprop dL/dx_{g+1}
+  OpEmbedBackward,      // backprop dL/dx0 into the embedding
+  OpReduceGrads,        // start reducing group g's gradients (async); boundary only
+  OpOptimizerStep,      // wait for reductions, validate, step; boundary only
+};
+
+struct Instr {
+  OpCode op;
+  int group = -1;
+};
+
+struct Program {
+  std::vector<Instr> code;
+  std::string listing() const;  // one instruction per line, e.g. "Forward(3)"
+};
+
+const char* opName(OpCode op);
+
+// The base program for `numBlocks` blocks; head group = numBlocks. With zero3 the Gather /
+// Release instructions around each use are present (the `zero3` pass's lowering).
+Program baseProgram(int numBlocks, bool zero3);
+
+}  // namespace lt::compile

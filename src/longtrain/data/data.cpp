@@ -1,0 +1,188 @@
+// Datasets, permutations, loaders. All randomness is splitmix64 of (seed, index) so any
+// sample or epoch is reproducible on its own, on any rank, in any order.
+#include "longtrain/data/data.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "longtrain/core/check.h"
+
+namespace lt::data {
+
+namespace {
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+struct Rng {
+  uint64_t s;
+  uint64_t next() { return s = splitmix64(s); }
+  int64_t below(int64_t n) { return static_cast<int64_t>(next() % static_cast<uint64_t>(n)); }
+};
+}  // namespace
+
+at::Tensor shiftLabels(const at::Tensor& labels) {
+  auto pad = at::full({labels.size(0), 1}, kIgnoreIndex, labels.options());
+  return at::cat({labels.slice(1, 1), pad}, 1).contiguous();
+}
+
+// ---------------------------------------------------------------------------- KV recall
+KvRecallDataset::KvRecallDataset(KvRecallOptions o) : o_(o) {
+  LT_CHECK(o_.numPairs >= 1 && o_.numPairs <= o_.numKeys, "data.kv.num_pairs=", o_.numPairs,
+           " must be in [1, data.kv.num_keys=", o_.numKeys, "] (keys in one sample are distinct)");
+  int64_t need = 1 + 2 * o_.numPairs + 2 * o_.numQueries;
+  LT_CHECK(o_.seqLen >= need, "data.seq_len=", o_.seqLen, " is too short for ", o_.numPairs, " pairs and ",
+           o_.numQueries, " queries (needs at least ", need, "); raise data.seq_len or lower data.kv.*");
+  LT_CHECK(o_.numValues >= 2 && o_.numNoise >= 1 && o_.numQueries >= 1, "data.kv: num_values must be >= 2, ",
+           "num_noise >= 1 and num_queries >= 1");
+}
+
+Sample KvRecallDataset::get(int64_t i) const {
+  LT_ASSERT(i >= 0 && i < o_.numSamples);
+  const int64_t kBos = 0, keyBase = 2, valBase = keyBase + o_.numKeys, noiseBase = valBase + o_.numValues;
+  Rng rng{splitmix64(o_.seed ^ splitmix64(static_cast<uint64_t>(i) + 1))};
+  std::vector<int64_t> keys(o_.numKeys);
+  std::iota(keys.begin(), keys.end(), 0);
+  for (int64_t k = 0; k < o_.numPairs; ++k) std::swap(keys[k], keys[k + rng.below(o_.numKeys - k)]);
+  std::vector<int64_t> vals(o_.numPairs);
+  for (auto& v : vals) v = rng.below(o_.numValues);
+
+  Sample s;
+  s.ids.reserve(o_.seqLen);
+  s.ids.push_back(kBos);
+  for (int64_t k = 0; k < o_.numPairs; ++k) {
+    s.ids.push_back(keyBase + keys[k]);
+    s.ids.push_back(valBase + vals[k]);
+  }
+  int64_t filler = o_.seqLen - static_cast<int64_t>(s.ids.size()) - 2 * o_.numQueries;
+  for (int64_t f = 0; f < filler; ++f) s.ids.push_back(noiseBase + rng.below(o_.numNoise));
+  s.labels.assign(s.ids.size(), kIgnoreIndex);
+  for (int64_t q = 0; q < o_.numQueries; ++q) {
+    int64_t k = rng.below(o_.numPairs);
+    s.ids.push_back(keyBase + keys[k]);
+    s.labels.push_back(kIgnoreIndex);
+    s.ids.push_back(valBase + vals[k]);
+    s.labels.push_back(valBase + vals[k]);
+  }
+  LT_ASSERT(static_cast<int64_t>(s.ids.size()) == o_.seqLen);
+  return s;
+}
+
+std::string KvRecallDataset::describe() const {
+  return "kv_recall(seq_len=" + std::to_string(o_.seqLen) + ", pairs=" + std::to_string(o_.numPairs) +
+         ", queries=" + std::to_string(o_.numQueries) + ", chance=1/" + std::to_string(o_.numValues) + ")";
+}
+
+// ---------------------------------------------------------------------------- token files
+TokenFileDataset::TokenFileDataset(const std::string& path, int bytesPerToken, int64_t seqLen, int64_t vocabSize)
+    : path_(path), bytesPerToken_(bytesPerToken), seqLen_(seqLen), vocab_(vocabSize) {
+  LT_CHECK(bytesPerToken == 1 || bytesPerToken == 2 || bytesPerToken == 4, "token width must be 1, 2 or 4 bytes");
+  int fd = ::open(path.c_str(), O_RDONLY);
+  LT_CHECK(fd >= 0, "data.path='", path, "': cannot open: ", std::strerror(errno));
+  struct stat st {};
+  ::fstat(fd, &st);
+  mapBytes_ = static_cast<size_t>(st.st_size);
+  LT_CHECK(mapBytes_ % bytesPerToken == 0, "data.path='", path, "': size ", mapBytes_,
+           " bytes is not a multiple of the token width ", bytesPerToken, " (wrong data.type?)");
+  numTokens_ = static_cast<int64_t>(mapBytes_ / bytesPerToken);
+  LT_CHECK(numTokens_ >= seqLen, "data.path='", path, "' holds ", numTokens_,
+           " tokens, fewer than one window of data.seq_len=", seqLen);
+  void* p = ::mmap(nullptr, mapBytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  LT_CHECK(p != MAP_FAILED, "data.path='", path, "': mmap failed: ", std::strerror(errno));
+  map_ = static_cast<const uint8_t*>(p);
+}
+
+TokenFileDataset::~TokenFileDataset() {
+  if (map_) ::munmap(const_cast<uint8_t*>(map_), mapBytes_);
+}
+
+Sample TokenFileDataset::get(int64_t i) const {
+  LT_ASSERT(i >= 0 && i < size());
+  Sample s;
+  s.ids.resize(seqLen_);
+  const uint8_t* base = map_ + static_cast<size_t>(i * seqLen_) * bytesPerToken_;
+  for (int64_t t = 0; t < seqLen_; ++t) {
+    uint32_t v = 0;
+    if (bytesPerToken_ == 1) v = base[t];
+    else if (bytesPerToken_ == 2) { uint16_t x; std::memcpy(&x, base + 2 * t, 2); v = x; }
+    else std::memcpy(&v, base + 4 * t, 4);
+    LT_CHECK(bytesPerToken_ == 1 || static_cast<int64_t>(v) < vocab_, "data.path='", path_, "': token ", v,
+             " at index ", i * seqLen_ + t, " is outside model.vocab_size=", vocab_,
+             "; raise model.vocab_size or check data.type (uint16 vs uint32)");
+    s.ids[t] = v;
+  }
+  s.labels = s.ids;
+  return s;
+}
+
+std::string TokenFileDataset::describe() const {
+  return "tokens(" + path_ + ", " + std::to_string(numTokens_) + " tokens, " + std::to_string(size()) + " windows)";
+}
+
+// ---------------------------------------------------------------------------- sampling
+std::vector<int64_t> epochPermutation(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> p(n);
+  std::iota(p.begin(), p.end(), 0);
+  Rng rng{splitmix64(seed * 0x100000001B3ull + static_cast<uint64_t>(epoch) + 7)};
+  for (int64_t i = n - 1; i > 0; --i) std::swap(p[i], p[rng.below(i + 1)]);
+  return p;
+}
+
+Loader::Loader(std::shared_ptr<const Dataset> ds, LoaderOptions o) : ds_(std::move(ds)), o_(o) {
+  globalBatch_ = o_.microBatch * o_.gradAccum * o_.dpSize;
+  stepsPerEpoch_ = ds_->size() / globalBatch_;
+  LT_CHECK(stepsPerEpoch_ >= 1, "the dataset (", ds_->describe(), ") has ", ds_->size(),
+           " samples, fewer than one global batch of train_batch_size=", globalBatch_,
+           "; lower train_batch_size or supply more data");
+}
+
+std::vector<int64_t> Loader::indicesAt(int64_t streamIndex) const {
+  int64_t step = streamIndex / o_.gradAccum, j = streamIndex % o_.gradAccum;
+  int64_t epoch = step / stepsPerEpoch_, inEpoch = step % stepsPerEpoch_;
+  if (epoch != cachedEpoch_) {
+    perm_ = epochPermutation(ds_->size(), o_.seed, epoch);
+    cachedEpoch_ = epoch;
+  }
+  int64_t off = inEpoch * globalBatch_ + (j * o_.dpSize + o_.dpRank) * o_.microBatch;
+  return {perm_.begin() + off, perm_.begin() + off + o_.microBatch};
+}
+
+std::vector<int64_t> Loader::peekIndices() const { return indicesAt(cursor_ * o_.spSize + o_.spRank); }
+
+Batch Loader::next() {
+  auto idx = peekIndices();
+  ++cursor_;
+  std::vector<Sample> samples;
+  samples.reserve(idx.size());
+  for (auto i : idx) samples.push_back(ds_->get(i));
+  return collate(samples);
+}
+
+Batch collate(const std::vector<Sample>& samples) {
+  LT_ASSERT(!samples.empty());
+  int64_t b = static_cast<int64_t>(samples.size()), s = static_cast<int64_t>(samples[0].ids.size());
+  Batch out;
+  out.input_ids = at::empty({b, s}, at::kLong);
+  out.labels = at::empty({b, s}, at::kLong);
+  auto* ids = out.input_ids.data_ptr<int64_t>();
+  auto* lab = out.labels.data_ptr<int64_t>();
+  for (int64_t i = 0; i < b; ++i) {
+    LT_ASSERT(static_cast<int64_t>(samples[i].ids.size()) == s);
+    std::copy(samples[i].ids.begin(), samples[i].ids.end(), ids + i * s);
+    std::copy(samples[i].labels.begin(), samples[i].labels.end(), lab + i * s);
+  }
+  out.position_ids = at::arange(s, at::kLong).unsqueeze(0).expand({b, s}).contiguous();
+  return out;
+}
+
+}  // namespace lt::data

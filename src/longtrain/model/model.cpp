@@ -1,0 +1,146 @@
+// Llama blocks on ATen ops. Each parameter's init draws from its own generator seeded by
+// (seed, parameter index), so the result does not depend on creation order or rank.
+#include "longtrain/model/model.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+
+#include "longtrain/core/check.h"
+
+namespace lt::model {
+
+int64_t ModelConfig::numParams() const {
+  int64_t kvDim = kvHeads * headDim();
+  int64_t perBlock = 2 * hidden + hidden * hidden * 2 + hidden * kvDim * 2 + 3 * hidden * intermediate;
+  return layers * perBlock + vocabSize * hidden * (tieEmbeddings ? 1 : 2) + hidden;
+}
+
+at::Tensor rmsNorm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  auto var = x.pow(2).mean(-1, /*keepdim=*/true);
+  return x * at::rsqrt(var + eps) * w;
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& pos, double theta) {
+  int64_t d = x.size(-1), half = d / 2;
+  auto inv = at::pow(theta, at::arange(0, half, x.options()) * (-2.0 / static_cast<double>(d)));  // [D/2]
+  auto ang = pos.to(x.scalar_type()).unsqueeze(-1) * inv;  // [B, S, D/2]
+  auto cos = at::cos(ang).unsqueeze(2), sin = at::sin(ang).unsqueeze(2);  // [B, S, 1, D/2]
+  auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
+}
+
+at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  int64_t h = q.size(2), kv = k.size(2), s = q.size(1), d = q.size(3);
+  LT_ASSERT(h % kv == 0);
+  auto kk = kv == h ? k : k.repeat_interleave(h / kv, 2);
+  auto vv = kv == h ? v : v.repeat_interleave(h / kv, 2);
+  auto qt = q.transpose(1, 2), kt = kk.transpose(1, 2), vt = vv.transpose(1, 2);  // [B, H, S, Dh]
+  auto scores = at::matmul(qt, kt.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
+  auto mask = at::ones({s, s}, q.options().dtype(at::kBool)).triu(1);
+  scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  auto p = at::softmax(scores, -1);
+  return at::matmul(p, vt).transpose(1, 2);  // [B, S, H, Dh]
+}
+
+Model::Model(const ModelConfig& cfg, uint64_t seed) : cfg_(cfg) {
+  LT_CHECK(cfg.hidden % cfg.heads == 0, "model.hidden_size=", cfg.hidden, " must be divisible by model.num_heads=",
+           cfg.heads);
+  LT_CHECK(cfg.heads % cfg.kvHeads == 0, "model.num_heads=", cfg.heads, " must be divisible by model.num_kv_heads=",
+           cfg.kvHeads);
+  LT_CHECK(cfg.headDim() % 2 == 0, "head dim hidden_size/num_heads=", cfg.headDim(), " must be even for RoPE");
+  int64_t index = 0;
+  auto normal = [&](std::vector<int64_t> shape, double std) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ull + static_cast<uint64_t>(index++));
+    return at::normal(0.0, std, shape, gen).set_requires_grad(true);
+  };
+  auto ones = [&](int64_t n) {
+    ++index;
+    return at::ones({n}, at::kFloat).set_requires_grad(true);
+  };
+  const int64_t d = cfg.hidden, kvDim = cfg.kvHeads * cfg.headDim(), f = cfg.intermediate;
+  const double std = cfg.initStd, outStd = cfg.initStd / std::sqrt(2.0 * static_cast<double>(cfg.layers));
+  embed_ = normal({cfg.vocabSize, d}, std);
+  for (int64_t b = 0; b < cfg.layers; ++b) {
+    Block k;
+    k.attnNorm = ones(d);
+    k.wq = normal({d, d}, std);
+    k.wk = normal({kvDim, d}, std);
+    k.wv = normal({kvDim, d}, std);
+    k.wo = normal({d, d}, outStd);
+    k.mlpNorm = ones(d);
+    k.wGate = normal({f, d}, std);
+    k.wUp = normal({f, d}, std);
+    k.wDown = normal({d, f}, outStd);
+    blocks_.push_back(k);
+  }
+  finalNorm_ = ones(d);
+  if (!cfg.tieEmbeddings) lmHead_ = normal({cfg.vocabSize, d}, std);
+
+  for (int64_t b = 0; b < cfg.layers; ++b) {
+    auto& k = blocks_[b];
+    std::string p = "model.layers." + std::to_string(b) + ".";
+    groups_.push_back({{p + "input_layernorm.weight", k.attnNorm},
+                       {p + "self_attn.q_proj.weight", k.wq},
+                       {p + "self_attn.k_proj.weight", k.wk},
+                       {p + "self_attn.v_proj.weight", k.wv},
+                       {p + "self_attn.o_proj.weight", k.wo},
+                       {p + "post_attention_layernorm.weight", k.mlpNorm},
+                       {p + "mlp.gate_proj.weight", k.wGate},
+                       {p + "mlp.up_proj.weight", k.wUp},
+                       {p + "mlp.down_proj.weight", k.wDown}});
+  }
+  std::vector<NamedParam> head{{"model.embed_tokens.weight", embed_}, {"model.norm.weight", finalNorm_}};
+  if (lmHead_.defined()) head.push_back({"lm_head.weight", lmHead_});
+  groups_.push_back(head);
+}
+
+std::vector<at::Tensor> Model::parameters() const {
+  std::vector<at::Tensor> out;
+  for (auto& g : groups_)
+    for (auto& p : g) out.push_back(p.tensor);
+  return out;
+}
+
+at::Tensor Model::embed(const at::Tensor& ids) const { return at::embedding(embed_, ids); }
+
+at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const AttentionFn& attn) const {
+  const auto& k = blocks_[b];
+  const int64_t B = x.size(0), S = x.size(1), H = cfg_.heads, KV = cfg_.kvHeads, Dh = cfg_.headDim();
+  auto h = rmsNorm(x, k.attnNorm, cfg_.normEps);
+  auto q = rope(at::linear(h, k.wq).view({B, S, H, Dh}), pos, cfg_.ropeTheta);    // [B, S, H, Dh]
+  auto kk = rope(at::linear(h, k.wk).view({B, S, KV, Dh}), pos, cfg_.ropeTheta);  // [B, S, KV, Dh]
+  auto v = at::linear(h, k.wv).view({B, S, KV, Dh});
+  auto a = attn(q, kk, v).reshape({B, S, H * Dh});
+  auto x1 = x + at::linear(a, k.wo);
+  auto m = rmsNorm(x1, k.mlpNorm, cfg_.normEps);
+  return x1 + at::linear(at::silu(at::linear(m, k.wGate)) * at::linear(m, k.wUp), k.wDown);
+}
+
+at::Tensor Model::logits(const at::Tensor& x) const {
+  return at::linear(rmsNorm(x, finalNorm_, cfg_.normEps), lmHead_.defined() ? lmHead_ : embed_);
+}
+
+at::Tensor Model::forward(const at::Tensor& ids, const at::Tensor& pos, const AttentionFn& attn) const {
+  auto x = embed(ids);
+  for (int b = 0; b < numBlocks(); ++b) x = block(b, x, pos, attn);
+  return logits(x);
+}
+
+LossSum lossSum(const at::Tensor& logits, const at::Tensor& shiftLabels) {
+  auto flat = logits.reshape({-1, logits.size(-1)});
+  auto lab = shiftLabels.reshape({-1});
+  LossSum out;
+  // reduction 2 = sum (at::Reduction::Sum); ignored labels contribute nothing.
+  out.sum = at::cross_entropy_loss(flat, lab, {}, at::Reduction::Sum, -100);
+  auto valid = lab.ne(-100);
+  out.count = valid.sum().item<int64_t>();
+  {
+    at::NoGradGuard ng;
+    out.correct = (flat.argmax(-1).eq(lab) & valid).sum().item<int64_t>();
+  }
+  return out;
+}
+
+}  // namespace lt::model

@@ -1,0 +1,78 @@
+// Llama-style decoder on raw ATen tensors (autograd records every op; no torch::nn):
+// embedding, RMSNorm, RoPE from position_ids, grouped-query causal attention, SwiGLU MLP,
+// final norm, LM head (optionally tied). Parameters are grouped per block, plus one
+// "head" group (embedding, final norm, LM head): the unit of gather/reduce/offload.
+// Init is deterministic from the seed, per parameter, identical on every rank.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace lt::model {
+
+struct ModelConfig {
+  int64_t vocabSize = 256, hidden = 128, layers = 2, heads = 4, kvHeads = 4, intermediate = 344;
+  double ropeTheta = 10000.0, normEps = 1e-5, initStd = 0.02;
+  bool tieEmbeddings = false;
+  int64_t headDim() const { return hidden / heads; }
+  int64_t numParams() const;
+};
+
+// The core of attention: q [B, S, H, Dh], k and v [B, S, KV, Dh], already rotated, over the
+// whole sequence; returns [B, S, H, Dh]. Ulysses SP substitutes one that all-to-alls.
+using AttentionFn = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
+
+// Plain causal attention with GQA (KV heads repeated to H). Materializes [B, H, S, S].
+at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+at::Tensor rmsNorm(const at::Tensor& x, const at::Tensor& w, double eps);
+// x [B, S, H, Dh], pos [B, S]: rotary embedding with the half-split layout (Hugging Face Llama).
+at::Tensor rope(const at::Tensor& x, const at::Tensor& pos, double theta);
+
+struct NamedParam {
+  std::string name;
+  at::Tensor tensor;
+};
+
+class Model {
+ public:
+  Model(const ModelConfig& cfg, uint64_t seed);
+
+  const ModelConfig& config() const { return cfg_; }
+  int numBlocks() const { return static_cast<int>(cfg_.layers); }
+  int headGroup() const { return numBlocks(); }  // group index of the non-block parameters
+  int numGroups() const { return numBlocks() + 1; }
+
+  at::Tensor embed(const at::Tensor& ids) const;                                           // [B,S] -> [B,S,D]
+  at::Tensor block(int b, const at::Tensor& x, const at::Tensor& pos, const AttentionFn& attn) const;  // [B,S,D]
+  at::Tensor logits(const at::Tensor& x) const;                                            // [B,S,D] -> [B,S,V]
+
+  // Parameters of a group (block b, or headGroup()), with Hugging Face Llama names.
+  const std::vector<NamedParam>& group(int g) const { return groups_[g]; }
+  std::vector<at::Tensor> parameters() const;
+
+  // Whole-model forward with plain autograd: the reference the step program is tested against.
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& pos, const AttentionFn& attn) const;
+
+ private:
+  struct Block {
+    at::Tensor attnNorm, wq, wk, wv, wo, mlpNorm, wGate, wUp, wDown;
+  };
+  ModelConfig cfg_;
+  at::Tensor embed_, finalNorm_, lmHead_;
+  std::vector<Block> blocks_;
+  std::vector<std::vector<NamedParam>> groups_;
+};
+
+// Sum of token cross-entropies over shift_labels != -100, and their count.
+struct LossSum {
+  at::Tensor sum;  // scalar, differentiable
+  int64_t count = 0;
+  int64_t correct = 0;  // argmax hits among counted tokens
+};
+LossSum lossSum(const at::Tensor& logits, const at::Tensor& shiftLabels);
+
+}  // namespace lt::model

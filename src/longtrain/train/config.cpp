@@ -1,0 +1,315 @@
+// Strict JSON config reader. Each section records the keys it reads; whatever is left over
+// is an unknown key, reported with the closest known one.
+#include "longtrain/train/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "longtrain/core/check.h"
+
+namespace lt::train {
+
+using json = nlohmann::json;
+
+size_t editDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+namespace {
+
+std::string typeName(const json& v) { return v.type_name(); }
+
+class Section {
+ public:
+  Section(const json* j, std::string path) : j_(j), path_(std::move(path)) {
+    LT_CHECK(!j_ || j_->is_object(), "config key '", path_, "' must be an object, got ", typeName(*j_), " ",
+             j_->dump());
+  }
+  std::string keyPath(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  const json* find(const std::string& key) {
+    known_.push_back(key);
+    if (!j_) return nullptr;
+    auto it = j_->find(key);
+    return it == j_->end() || it->is_null() ? nullptr : &*it;
+  }
+  bool has(const std::string& key) const { return j_ && j_->contains(key) && !(*j_)[key].is_null(); }
+
+  int64_t getInt(const std::string& key, int64_t def, int64_t lo, int64_t hi) {
+    const json* v = find(key);
+    if (!v) return def;
+    bool integral = v->is_number_integer() ||
+                    (v->is_number_float() && v->get<double>() == static_cast<double>(static_cast<int64_t>(v->get<double>())));
+    LT_CHECK(integral, "config key '", keyPath(key), "' must be an integer, got ", typeName(*v), " ", v->dump());
+    int64_t x = v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(v->get<double>());
+    LT_CHECK(x >= lo && x <= hi, "config key '", keyPath(key), "' = ", x, " is out of range; expected ", lo,
+             " <= value <= ", hi);
+    return x;
+  }
+  double getNum(const std::string& key, double def, double lo, double hi) {
+    const json* v = find(key);
+    if (!v) return def;
+    LT_CHECK(v->is_number(), "config key '", keyPath(key), "' must be a number, got ", typeName(*v), " ", v->dump());
+    double x = v->get<double>();
+    LT_CHECK(x >= lo && x <= hi, "config key '", keyPath(key), "' = ", x, " is out of range; expected ", lo,
+             " <= value <= ", hi);
+    return x;
+  }
+  bool getBool(const std::string& key, bool def) {
+    const json* v = find(key);
+    if (!v) return def;
+    LT_CHECK(v->is_boolean(), "config key '", keyPath(key), "' must be true or false, got ", typeName(*v), " ",
+             v->dump());
+    return v->get<bool>();
+  }
+  std::string getString(const std::string& key, const std::string& def) {
+    const json* v = find(key);
+    if (!v) return def;
+    LT_CHECK(v->is_string(), "config key '", keyPath(key), "' must be a string, got ", typeName(*v), " ", v->dump());
+    return v->get<std::string>();
+  }
+  std::string getEnum(const std::string& key, const std::string& def, std::initializer_list<const char*> choices) {
+    std::string s = getString(key, def);
+    std::string list;
+    for (const char* c : choices) {
+      if (s == c) return s;
+      list += std::string(list.empty() ? "" : ", ") + "\"" + c + "\"";
+    }
+    LT_CHECK(false, "config key '", keyPath(key), "' = \"", s, "\" is not one of ", list);
+    return s;
+  }
+  Section sub(const std::string& key) {
+    const json* v = find(key);
+    return Section(v, keyPath(key));
+  }
+  // Any key present but never read is unknown: report it with the closest known key.
+  void finish() const {
+    if (!j_) return;
+    for (auto it = j_->begin(); it != j_->end(); ++it) {
+      if (std::find(known_.begin(), known_.end(), it.key()) != known_.end()) continue;
+      std::string best;
+      size_t bestD = SIZE_MAX;
+      for (auto& k : known_)
+        if (size_t d = editDistance(it.key(), k); d < bestD) bestD = d, best = k;
+      LT_CHECK(false, "unknown config key '", keyPath(it.key()), "'",
+               best.empty() ? std::string() : "; did you mean '" + keyPath(best) + "'?",
+               " (see the README's configuration reference)");
+    }
+  }
+
+ private:
+  const json* j_;
+  std::string path_;
+  std::vector<std::string> known_;
+};
+
+constexpr int64_t kBig = int64_t(1) << 50;
+
+void resolveBatch(Config& c, int worldSize) {
+  LT_CHECK(worldSize % c.sequenceParallelSize == 0, "sequence_parallel_size=", c.sequenceParallelSize,
+           " does not divide the world size ", worldSize, "; choose a divisor of ", worldSize);
+  const int64_t dp = worldSize / c.sequenceParallelSize;
+  int64_t tb = c.trainBatchSize, mb = c.microBatch, ga = c.gradAccum;
+  // DeepSpeed's rules: any two of the three determine the third; one alone means no accumulation.
+  if (tb && mb && ga) {
+  } else if (tb && mb) {
+    ga = tb / mb / dp;
+  } else if (tb && ga) {
+    mb = tb / dp / ga;
+  } else if (mb && ga) {
+    tb = mb * ga * dp;
+  } else if (tb) {
+    ga = 1;
+    mb = tb / dp;
+  } else if (mb) {
+    ga = ga ? ga : 1;
+    tb = mb * ga * dp;
+  } else {
+    LT_CHECK(false, "set train_batch_size or train_micro_batch_size_per_gpu (DeepSpeed's batch keys)");
+  }
+  LT_CHECK(mb > 0 && ga > 0 && tb == mb * ga * dp, "inconsistent batch sizes: train_batch_size=", tb,
+           " must equal train_micro_batch_size_per_gpu=", mb, " x gradient_accumulation_steps=", ga,
+           " x data-parallel size=", dp, " (world ", worldSize, " / sequence_parallel_size ",
+           c.sequenceParallelSize, ") = ", mb * ga * dp, "; fix one of the three keys or the number of ranks");
+  c.trainBatchSize = tb;
+  c.microBatch = mb;
+  c.gradAccum = ga;
+}
+
+}  // namespace
+
+Config parseConfig(const json& j, int worldSize) {
+  LT_CHECK(j.is_object(), "the config must be a JSON object, got ", j.type_name());
+  Config c;
+  Section root(&j, "");
+  c.trainBatchSize = root.getInt("train_batch_size", 0, 1, kBig);
+  c.microBatch = root.getInt("train_micro_batch_size_per_gpu", 0, 1, kBig);
+  c.gradAccum = root.getInt("gradient_accumulation_steps", 0, 1, kBig);
+  c.gradientClipping = root.getNum("gradient_clipping", 0.0, 0.0, 1e30);
+  c.stepsPerPrint = root.getInt("steps_per_print", 10, 1, kBig);
+  c.seed = static_cast<uint64_t>(root.getInt("seed", 1234, 0, kBig));
+  c.sequenceParallelSize = static_cast<int>(root.getInt("sequence_parallel_size", 1, 1, 1 << 20));
+
+  {
+    Section o = root.sub("optimizer");
+    c.optimizer.type = o.getEnum("type", "AdamW", {"AdamW", "Adam"});
+    Section p = o.sub("params");
+    c.optimizer.lr = p.getNum("lr", 1e-3, 0, 1e3);
+    if (const json* b = p.find("betas")) {
+      LT_CHECK(b->is_array() && b->size() == 2 && (*b)[0].is_number() && (*b)[1].is_number(),
+               "config key 'optimizer.params.betas' must be a list of two numbers, got ", b->dump());
+      c.optimizer.beta1 = (*b)[0].get<double>();
+      c.optimizer.beta2 = (*b)[1].get<double>();
+      LT_CHECK(c.optimizer.beta1 >= 0 && c.optimizer.beta1 < 1 && c.optimizer.beta2 >= 0 && c.optimizer.beta2 < 1,
+               "config key 'optimizer.params.betas' = ", b->dump(), " must lie in [0, 1)");
+    }
+    c.optimizer.eps = p.getNum("eps", 1e-8, 0, 1);
+    c.optimizer.weightDecay = p.getNum("weight_decay", 0.01, 0, 1e3);
+    p.finish();
+    o.finish();
+  }
+  {
+    Section s = root.sub("scheduler");
+    if (root.has("scheduler")) {
+      c.scheduler.type = s.getEnum("type", "WarmupLR", {"WarmupLR", "WarmupCosineLR"});
+      Section p = s.sub("params");
+      if (c.scheduler.type == "WarmupLR") {
+        c.scheduler.warmupMinLr = p.getNum("warmup_min_lr", 0, 0, 1e3);
+        c.scheduler.warmupMaxLr = p.getNum("warmup_max_lr", -1, 0, 1e3);
+      } else {
+        c.scheduler.totalNumSteps = p.getInt("total_num_steps", 0, 1, kBig);
+        LT_CHECK(p.has("total_num_steps"), "config key 'scheduler.params.total_num_steps' is required by ",
+                 "WarmupCosineLR (the step at which the cosine reaches cos_min_ratio)");
+        c.scheduler.warmupMinRatio = p.getNum("warmup_min_ratio", 0, 0, 1);
+        c.scheduler.cosMinRatio = p.getNum("cos_min_ratio", 1e-4, 0, 1);
+      }
+      c.scheduler.warmupNumSteps = p.getInt("warmup_num_steps", 1000, 1, kBig);
+      c.scheduler.warmupType = p.getEnum("warmup_type", "log", {"log", "linear"});
+      p.finish();
+    }
+    s.finish();
+  }
+  for (const char* k : {"bf16", "fp16"}) {
+    Section s = root.sub(k);
+    bool on = s.getBool("enabled", false);
+    s.finish();
+    LT_CHECK(!on, "config key '", k, ".enabled' = true: mixed precision is not implemented in this CPU build; ",
+             "set it to false (training runs in fp32)");
+  }
+  {
+    Section z = root.sub("zero_optimization");
+    c.zero.stage = static_cast<int>(z.getInt("stage", 0, 0, 3));
+    c.zero.subGroupSize = z.getInt("sub_group_size", 1000000000, 1, kBig);
+    c.zero.reduceBucketSize = z.getInt("reduce_bucket_size", 500000000, 1, kBig);
+    c.zero.prefetchBucketSize = z.getInt("stage3_prefetch_bucket_size", 50000000, 0, kBig);
+    c.zero.paramPersistenceThreshold = z.getInt("stage3_param_persistence_threshold", 100000, 0, kBig);
+    c.zero.maxLiveParameters = z.getInt("stage3_max_live_parameters", 1000000000, 0, kBig);
+    Section off = z.sub("offload_optimizer");
+    c.zero.offloadOptimizer.device = off.getEnum("device", "none", {"none", "cpu"});
+    c.zero.offloadOptimizer.superOffload = off.getBool("super_offload", false);
+    c.zero.offloadOptimizer.ratio = off.getNum("ratio", 1.0, 0, 1);
+    c.zero.offloadOptimizer.cpuadamCoresPerc = off.getNum("cpuadam_cores_perc", 0.8, 0, 1);
+    off.finish();
+    z.finish();
+  }
+  {
+    Section m = root.sub("model");
+    auto& mc = c.model;
+    mc.vocabSize = m.getInt("vocab_size", 64, 2, kBig);
+    mc.hidden = m.getInt("hidden_size", 64, 2, kBig);
+    mc.layers = m.getInt("num_layers", 2, 1, 100000);
+    mc.heads = m.getInt("num_heads", 4, 1, 100000);
+    mc.kvHeads = m.getInt("num_kv_heads", mc.heads, 1, 100000);
+    mc.intermediate = m.getInt("intermediate_size", 4 * mc.hidden, 1, kBig);
+    mc.ropeTheta = m.getNum("rope_theta", 10000.0, 1, 1e12);
+    mc.normEps = m.getNum("rms_norm_eps", 1e-5, 0, 1);
+    mc.initStd = m.getNum("init_std", 0.02, 0, 10);
+    mc.tieEmbeddings = m.getBool("tie_word_embeddings", false);
+    m.finish();
+    LT_CHECK(mc.hidden % mc.heads == 0, "model.hidden_size=", mc.hidden, " must be divisible by model.num_heads=",
+             mc.heads);
+    LT_CHECK(mc.heads % mc.kvHeads == 0, "model.num_heads=", mc.heads,
+             " must be divisible by model.num_kv_heads=", mc.kvHeads);
+    LT_CHECK(mc.headDim() % 2 == 0, "model.hidden_size / model.num_heads = ", mc.headDim(),
+             " must be even (RoPE rotates pairs)");
+  }
+  {
+    Section d = root.sub("data");
+    auto& dc = c.data;
+    dc.type = d.getEnum("type", "kv_recall", {"kv_recall", "uint16", "uint32", "bytes"});
+    dc.path = d.getString("path", "");
+    dc.seqLen = d.getInt("seq_len", 256, 2, kBig);
+    dc.numSamples = d.getInt("num_samples", 100000, 1, kBig);
+    dc.evalSamples = d.getInt("eval_samples", 64, 0, kBig);
+    Section kv = d.sub("kv");
+    dc.kvPairs = kv.getInt("num_pairs", 16, 1, kBig);
+    dc.kvQueries = kv.getInt("num_queries", 32, 1, kBig);
+    dc.kvKeys = kv.getInt("num_keys", 32, 1, kBig);
+    dc.kvValues = kv.getInt("num_values", 16, 2, kBig);
+    dc.kvNoise = kv.getInt("num_noise", 16, 1, kBig);
+    kv.finish();
+    d.finish();
+    LT_CHECK(dc.type == "kv_recall" || !dc.path.empty(), "config key 'data.path' is required when data.type=\"",
+             dc.type, "\" (a file of tokens)");
+  }
+  {
+    Section t = root.sub("train");
+    c.train.steps = t.getInt("steps", 100, 1, kBig);
+    c.train.threads = static_cast<int>(t.getInt("threads", 0, 0, 4096));
+    c.train.evalEvery = t.getInt("eval_every", 0, 0, kBig);
+    c.train.commTimeoutS = t.getNum("comm_timeout_s", 60, 0.1, 1e6);
+    t.finish();
+  }
+  root.finish();
+  resolveBatch(c, worldSize);
+  c.source = j.dump();
+  return c;
+}
+
+void applyOverride(json& j, const std::string& assignment) {
+  auto eq = assignment.find('=');
+  LT_CHECK(eq != std::string::npos && eq > 0, "--set '", assignment, "' must look like KEY=VALUE, e.g. ",
+           "--set zero_optimization.stage=3");
+  std::string key = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) value = text;  // a bare word: a string
+  json* node = &j;
+  std::stringstream ss(key);
+  std::string part, walked;
+  std::vector<std::string> parts;
+  while (std::getline(ss, part, '.')) parts.push_back(part);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    LT_CHECK(!parts[i].empty(), "--set '", assignment, "': empty component in the key path");
+    walked += (walked.empty() ? "" : ".") + parts[i];
+    if (i + 1 == parts.size()) {
+      (*node)[parts[i]] = value;
+    } else {
+      json& next = (*node)[parts[i]];
+      if (next.is_null()) next = json::object();
+      LT_CHECK(next.is_object(), "--set '", assignment, "': '", walked, "' is a ", next.type_name(),
+               ", not an object");
+      node = &next;
+    }
+  }
+}
+
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides, int worldSize) {
+  std::ifstream f(path);
+  LT_CHECK(f.good(), "cannot open config file '", path, "'");
+  json j = json::parse(f, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  LT_CHECK(!j.is_discarded(), "config file '", path, "' is not valid JSON");
+  for (const auto& o : overrides) applyOverride(j, o);
+  return parseConfig(j, worldSize);
+}
+
+}  // namespace lt::train

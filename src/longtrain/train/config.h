@@ -1,0 +1,90 @@
+// The run configuration: one JSON file with DeepSpeed's key names wherever DeepSpeed has
+// the setting, plus sections `model`, `data`, `train`. Parsing is strict: an unknown key is an
+// error naming its JSON path and the closest known key; a wrong type or range names the
+// path, the value and what is expected. Every key is documented in the README.
+#pragma once
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "longtrain/model/model.h"
+
+namespace lt::train {
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // "AdamW" | "Adam"
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.01;
+};
+
+struct SchedulerConfig {
+  std::string type;  // "" (constant) | "WarmupLR" | "WarmupCosineLR"
+  // WarmupLR
+  double warmupMinLr = 0, warmupMaxLr = -1;  // -1: the optimizer's lr
+  int64_t warmupNumSteps = 1000;
+  std::string warmupType = "log";  // "log" | "linear"
+  // WarmupCosineLR
+  int64_t totalNumSteps = 0;
+  double warmupMinRatio = 0, cosMinRatio = 1e-4;
+};
+
+struct OffloadConfig {
+  std::string device = "none";  // "none" | "cpu"
+  bool superOffload = false;
+  double ratio = 1.0, cpuadamCoresPerc = 0.8;
+};
+
+struct ZeroConfig {
+  int stage = 0;
+  int64_t subGroupSize = 1000000000, reduceBucketSize = 500000000;
+  int64_t prefetchBucketSize = 50000000, paramPersistenceThreshold = 100000, maxLiveParameters = 1000000000;
+  OffloadConfig offloadOptimizer;
+};
+
+struct DataConfig {
+  std::string type = "kv_recall";  // "kv_recall" | "uint16" | "uint32" | "bytes"
+  std::string path;
+  int64_t seqLen = 256, numSamples = 100000, evalSamples = 64;
+  int64_t kvPairs = 16, kvQueries = 32, kvKeys = 32, kvValues = 16, kvNoise = 16;
+};
+
+struct TrainSection {
+  int64_t steps = 100;
+  int threads = 0;  // intra-op threads per rank; 0 = the cores this rank owns
+  int64_t evalEvery = 0;  // 0 = only at the end
+  double commTimeoutS = 60;
+};
+
+struct Config {
+  // DeepSpeed keys (batch sizes resolved by resolveBatch).
+  int64_t trainBatchSize = 0, microBatch = 0, gradAccum = 0;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  double gradientClipping = 0;
+  bool bf16 = false, fp16 = false;
+  ZeroConfig zero;
+  int sequenceParallelSize = 1;
+  int64_t stepsPerPrint = 10;
+  uint64_t seed = 1234;
+  model::ModelConfig model;
+  DataConfig data;
+  TrainSection train;
+
+  // The parsed JSON (after --set overrides), for the record.
+  std::string source;
+};
+
+// Parses and validates. `worldSize` is needed for DeepSpeed's batch-size consistency check
+// (train_batch_size = micro × accumulation × data-parallel size, dp = world / SP).
+Config parseConfig(const nlohmann::json& j, int worldSize);
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides, int worldSize);
+
+// Applies one `--set a.b.c=VALUE` override (VALUE is JSON; a bare word is taken as a string).
+void applyOverride(nlohmann::json& j, const std::string& assignment);
+
+// Levenshtein distance (for "did you mean" suggestions).
+size_t editDistance(const std::string& a, const std::string& b);
+
+}  // namespace lt::train

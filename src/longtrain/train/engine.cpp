@@ -1,0 +1,187 @@
+// Engine: the loop body of training. Everything distributed goes through comm::Comm; the
+// step itself is the compile::Program run by compile::Executor.
+#include "longtrain/train/engine.h"
+
+#include <ATen/ATen.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+
+#include <cmath>
+
+#include "longtrain/core/check.h"
+#include "longtrain/core/memory.h"
+#include "longtrain/train/lr_schedule.h"
+
+namespace lt::train {
+
+std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval) {
+  const auto& d = cfg.data;
+  if (d.type == "kv_recall") {
+    data::KvRecallOptions o;
+    o.seqLen = d.seqLen;
+    o.numSamples = eval ? std::max<int64_t>(1, d.evalSamples) : d.numSamples;
+    o.numPairs = d.kvPairs;
+    o.numQueries = d.kvQueries;
+    o.numKeys = d.kvKeys;
+    o.numValues = d.kvValues;
+    o.numNoise = d.kvNoise;
+    o.seed = eval ? cfg.seed ^ 0x5EEDE7A1ull : cfg.seed;
+    auto ds = std::make_shared<data::KvRecallDataset>(o);
+    LT_CHECK(ds->vocabNeeded() <= cfg.model.vocabSize, "model.vocab_size=", cfg.model.vocabSize,
+             " is smaller than the kv_recall task needs (", ds->vocabNeeded(), " = 2 + num_keys + num_values + ",
+             "num_noise); raise model.vocab_size");
+    return ds;
+  }
+  int width = d.type == "bytes" ? 1 : d.type == "uint16" ? 2 : 4;
+  LT_CHECK(width != 1 || cfg.model.vocabSize >= 256, "data.type=\"bytes\" needs model.vocab_size >= 256, got ",
+           cfg.model.vocabSize);
+  // Evaluation on a token file reuses its first windows (no separate split is defined).
+  return std::make_shared<data::TokenFileDataset>(d.path, width, d.seqLen, cfg.model.vocabSize);
+}
+
+Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std::move(groups)) {
+  LT_CHECK(cfg_.sequenceParallelSize == 1, "sequence_parallel_size=", cfg_.sequenceParallelSize,
+           ": Ulysses sequence parallelism is not available in this build yet; set 1");
+  LT_CHECK(cfg_.zero.stage == 0, "zero_optimization.stage=", cfg_.zero.stage,
+           ": ZeRO partitioning is not available in this build yet; set 0 (plain data parallelism)");
+  LT_CHECK(cfg_.zero.offloadOptimizer.device == "none", "zero_optimization.offload_optimizer.device=\"",
+           cfg_.zero.offloadOptimizer.device, "\": optimizer offload is not available in this build yet; set \"none\"");
+  model_ = std::make_unique<model::Model>(cfg_.model, cfg_.seed);
+  train_ = makeDataset(cfg_, false);
+  eval_ = cfg_.data.evalSamples > 0 ? makeDataset(cfg_, true) : nullptr;
+
+  data::LoaderOptions lo;
+  lo.microBatch = cfg_.microBatch;
+  lo.gradAccum = cfg_.gradAccum;
+  lo.dpRank = groups_.dp->rank();
+  lo.dpSize = groups_.dp->size();
+  lo.spRank = groups_.sp->rank();
+  lo.spSize = groups_.sp->size();
+  lo.seed = cfg_.seed;
+  loader_ = std::make_unique<data::Loader>(train_, lo);
+
+  auto params = model_->parameters();
+  const auto& o = cfg_.optimizer;
+  if (o.type == "AdamW") {
+    opt_ = std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weightDecay));
+  } else {
+    opt_ = std::make_unique<torch::optim::Adam>(
+        params, torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weightDecay));
+  }
+
+  program_ = compile::baseProgram(model_->numBlocks(), /*zero3=*/false);
+  compile::Hooks hooks;
+  if (groups_.world->size() > 1) hooks.reduceGrads = [this](int g) { reduceGrads(g); };
+  hooks.optimizerStep = [this] { optimizerStep(); };
+  exec_ = std::make_unique<compile::Executor>(*model_, model::causalAttention, std::move(hooks));
+}
+
+Engine::~Engine() = default;
+
+double Engine::currentLr() const { return lrAt(cfg_.scheduler, cfg_.optimizer.lr, step_ - 1); }
+
+void Engine::reduceGrads(int group) {
+  std::vector<at::Tensor> gs;
+  for (const auto& p : model_->group(group)) gs.push_back(p.tensor.grad().reshape({-1}));
+  auto flat = at::cat(gs);  // [group numel]
+  comm::Work w = groups_.world->allReduce(flat);
+  pending_.push({group, flat, std::move(w)});
+}
+
+void Engine::optimizerStep() {
+  const double invDp = 1.0 / groups_.dp->size();
+  while (!pending_.empty()) {
+    PendingReduce r = pending_.pop();
+    r.work.wait();
+    r.flat.mul_(invDp);
+    int64_t off = 0;
+    for (const auto& p : model_->group(r.group)) {
+      auto g = p.tensor.grad();
+      g.view({-1}).copy_(r.flat.narrow(0, off, g.numel()));
+      off += g.numel();
+    }
+  }
+  // Global norm, in float64 so it does not depend on the order of small sums.
+  double sq = 0;
+  for (const auto& p : model_->parameters()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+  lastGradNorm_ = std::sqrt(sq);
+  if (cfg_.gradientClipping > 0 && lastGradNorm_ > cfg_.gradientClipping) {
+    double coef = cfg_.gradientClipping / (lastGradNorm_ + 1e-6);  // PyTorch's clip_grad_norm_
+    for (const auto& p : model_->parameters()) p.grad().mul_(coef);
+  }
+  lastLr_ = currentLr();
+  for (auto& g : opt_->param_groups()) g.options().set_lr(lastLr_);
+  opt_->step();
+  opt_->zero_grad();
+}
+
+StepMetrics Engine::step() {
+  auto t0 = std::chrono::steady_clock::now();
+  ++step_;
+  double lossSum = 0;  // sum over micro-batches of (local loss sum / SP-group denominator)
+  int64_t tokens = 0, correct = 0;
+  for (int64_t j = 0; j < cfg_.gradAccum; ++j) {
+    data::Batch b = loader_->next();
+    b.shift_labels = data::shiftLabels(b.labels);
+    auto cnt = at::tensor({b.shift_labels.ne(data::kIgnoreIndex).sum().item<double>()}, at::kDouble);
+    groups_.sp->allReduce(cnt).wait();
+    double denom = std::max(1.0, cnt.item<double>());
+    compile::RunOptions ro;
+    ro.lossDenominator = denom;
+    ro.gradScale = 1.0 / static_cast<double>(cfg_.gradAccum);
+    ro.boundary = j + 1 == cfg_.gradAccum;
+    auto st = exec_->run(program_, b, ro);
+    lossSum += st.lossSum / denom;
+    tokens += st.tokens;
+    correct += st.correct;
+  }
+  // Reported figures: mean over micro-batches and DP ranks; peak memory: max over ranks.
+  auto sums = at::tensor({lossSum, static_cast<double>(tokens), static_cast<double>(correct)}, at::kDouble);
+  groups_.world->allReduce(sums).wait();
+  auto peak = at::tensor({static_cast<double>(peakRssBytes())}, at::kDouble);
+  groups_.world->allReduce(peak, comm::ReduceOp::ReduceOpMax).wait();
+
+  StepMetrics m;
+  m.step = step_;
+  m.loss = sums[0].item<double>() / (cfg_.gradAccum * groups_.dp->size());
+  m.accuracy = sums[1].item<double>() > 0 ? sums[2].item<double>() / sums[1].item<double>() : 0;
+  m.lr = lastLr_;
+  m.gradNorm = lastGradNorm_;
+  m.tokens = cfg_.trainBatchSize * train_->seqLen();
+  m.peakRssBytes = static_cast<int64_t>(peak.item<double>());
+  m.stepTimeS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return m;
+}
+
+EvalMetrics Engine::evaluate() {
+  EvalMetrics e;
+  if (!eval_) return e;
+  // Each DP group takes every dp-th eval sample; SP ranks of a group would share them.
+  const int dpRank = groups_.dp->rank(), dpSize = groups_.dp->size();
+  double lossSum = 0, tokens = 0, correct = 0;
+  std::vector<data::Sample> chunk;
+  auto flush = [&] {
+    if (chunk.empty()) return;
+    data::Batch b = data::collate(chunk);
+    b.shift_labels = data::shiftLabels(b.labels);
+    auto st = exec_->evaluate(program_, b);
+    lossSum += st.lossSum;
+    tokens += static_cast<double>(st.tokens);
+    correct += static_cast<double>(st.correct);
+    chunk.clear();
+  };
+  for (int64_t i = dpRank; i < eval_->size(); i += dpSize) {
+    chunk.push_back(eval_->get(i));
+    if (static_cast<int64_t>(chunk.size()) == cfg_.microBatch) flush();
+  }
+  flush();
+  auto sums = at::tensor({lossSum, tokens, correct}, at::kDouble);
+  groups_.world->allReduce(sums).wait();
+  e.tokens = static_cast<int64_t>(sums[1].item<double>());
+  e.loss = e.tokens ? sums[0].item<double>() / sums[1].item<double>() : 0;
+  e.accuracy = e.tokens ? sums[2].item<double>() / sums[1].item<double>() : 0;
+  return e;
+}
+
+}  // namespace lt::train

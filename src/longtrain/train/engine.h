@@ -1,0 +1,84 @@
+// The training engine: builds the model, groups, loader and step program from a Config and
+// runs optimizer steps. Gradient reduction is explicit: ReduceGrads(g) flattens group g's
+// gradients into one buffer and starts an async all-reduce over the world as soon as the
+// group's backward is done (overlapping the next group's backward); OptimizerStep drains
+// the pending reductions from a Fifo in issue order. Summing over the world adds SP ranks'
+// partial gradients and DP ranks' gradients; dividing by the DP size makes the DP average.
+#pragma once
+#include <chrono>
+#include <memory>
+#include <optional>
+
+#include "longtrain/comm/comm.h"
+#include "longtrain/compile/executor.h"
+#include "longtrain/compile/program.h"
+#include "longtrain/core/fifo.h"
+#include "longtrain/data/data.h"
+#include "longtrain/model/model.h"
+#include "longtrain/train/config.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace lt::train {
+
+struct StepMetrics {
+  int64_t step = 0;        // 1-based index of the optimizer step just taken
+  double loss = 0;         // mean token loss over the global batch
+  double lr = 0;           // the learning rate this step used
+  double gradNorm = 0;     // global L2 norm before clipping
+  double accuracy = 0;     // argmax accuracy over the scored tokens of the global batch
+  int64_t tokens = 0;      // tokens processed by all ranks in this step
+  double stepTimeS = 0;
+  int64_t peakRssBytes = 0;  // max over ranks
+};
+
+struct EvalMetrics {
+  double loss = 0, accuracy = 0;
+  int64_t tokens = 0;
+};
+
+class Engine {
+ public:
+  Engine(const Config& cfg, comm::Groups groups);
+  ~Engine();
+
+  StepMetrics step();
+  EvalMetrics evaluate();
+
+  const model::Model& model() const { return *model_; }
+  const compile::Program& program() const { return program_; }
+  int64_t globalStep() const { return step_; }
+  const Config& config() const { return cfg_; }
+  const comm::Groups& groups() const { return groups_; }
+  const data::Dataset& dataset() const { return *train_; }
+
+ private:
+  void reduceGrads(int group);
+  void optimizerStep();
+  double currentLr() const;
+
+  Config cfg_;
+  comm::Groups groups_;
+  std::unique_ptr<model::Model> model_;
+  std::shared_ptr<const data::Dataset> train_, eval_;
+  std::unique_ptr<data::Loader> loader_;
+  std::unique_ptr<torch::optim::Optimizer> opt_;
+  compile::Program program_;
+  std::unique_ptr<compile::Executor> exec_;
+
+  struct PendingReduce {
+    int group;
+    at::Tensor flat;
+    comm::Work work;
+  };
+  Fifo<PendingReduce> pending_;
+  int64_t step_ = 0;
+  double lastGradNorm_ = 0, lastLr_ = 0;
+};
+
+// Builds the dataset a config names (train split, or the eval split with its own seed).
+std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval);
+
+}  // namespace lt::train

@@ -1,0 +1,95 @@
+// Training loop: one Engine::step per optimizer step; rank 0 reports.
+#include "longtrain/train/trainer.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include "longtrain/core/check.h"
+#include "longtrain/train/engine.h"
+
+namespace lt::train {
+
+namespace {
+std::string humanTime(double s) {
+  if (s < 60) return fmt::format("{:.0f}s", s);
+  if (s < 3600) return fmt::format("{:.0f}m{:02.0f}s", std::floor(s / 60), std::fmod(s, 60));
+  return fmt::format("{:.0f}h{:02.0f}m", std::floor(s / 3600), std::fmod(s / 60, 60));
+}
+}  // namespace
+
+TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOptions& opts) {
+  const bool lead = groups.world->rank() == 0;
+  Engine engine(cfg, groups);
+  if (lead) {
+    std::printf("longtrain: %d rank(s) (sp=%d, dp=%d), model %.2fM params (%lld layers, hidden %lld), data %s\n",
+                groups.world->size(), groups.sp->size(), groups.dp->size(), cfg.model.numParams() / 1e6,
+                (long long)cfg.model.layers, (long long)cfg.model.hidden, engine.dataset().describe().c_str());
+    std::printf("longtrain: global batch %lld = micro %lld x accum %lld x dp %d, seq_len %lld, %lld steps\n",
+                (long long)cfg.trainBatchSize, (long long)cfg.microBatch, (long long)cfg.gradAccum,
+                groups.dp->size(), (long long)cfg.data.seqLen, (long long)cfg.train.steps);
+    if (opts.printProgram) std::printf("step program:\n%s", engine.program().listing().c_str());
+    std::fflush(stdout);
+  }
+  std::ofstream metrics;
+  if (lead && !opts.metricsPath.empty()) {
+    metrics.open(opts.metricsPath, std::ios::trunc);
+    LT_CHECK(metrics.good(), "--metrics: cannot open '", opts.metricsPath, "' for writing");
+  }
+
+  TrainSummary sum;
+  double elapsed = 0, tokensSeen = 0;
+  for (int64_t s = 0; s < cfg.train.steps; ++s) {
+    if (opts.faultKillRank == groups.world->rank() && opts.faultKillStep == s) ::raise(SIGKILL);
+    StepMetrics m = engine.step();
+    // The first step pays one-time costs (allocation, thread pools): left out of throughput.
+    if (s > 0 || cfg.train.steps == 1) {
+      elapsed += m.stepTimeS;
+      tokensSeen += static_cast<double>(m.tokens);
+    }
+    double tps = elapsed > 0 ? tokensSeen / elapsed : m.tokens / m.stepTimeS;
+    bool evalNow = (cfg.train.evalEvery > 0 && m.step % cfg.train.evalEvery == 0) || m.step == cfg.train.steps;
+    EvalMetrics e;
+    if (evalNow) e = engine.evaluate();
+    if (lead) {
+      if (m.step % cfg.stepsPerPrint == 0 || m.step == 1 || m.step == cfg.train.steps) {
+        double eta = (cfg.train.steps - m.step) * (elapsed > 0 ? elapsed / std::max<int64_t>(1, m.step - 1) : m.stepTimeS);
+        std::printf("step %lld/%lld | loss %.4f | acc %.3f | lr %.3g | grad_norm %.3f | %.0f tok/s | ETA %s\n",
+                    (long long)m.step, (long long)cfg.train.steps, m.loss, m.accuracy, m.lr, m.gradNorm, tps,
+                    humanTime(eta).c_str());
+      }
+      if (evalNow)
+        std::printf("eval  %lld/%lld | loss %.4f | accuracy %.3f over %lld tokens\n", (long long)m.step,
+                    (long long)cfg.train.steps, e.loss, e.accuracy, (long long)e.tokens);
+      std::fflush(stdout);
+      if (metrics.is_open()) {
+        nlohmann::json j{{"step", m.step},           {"loss", m.loss},
+                         {"lr", m.lr},               {"grad_norm", m.gradNorm},
+                         {"train_accuracy", m.accuracy}, {"tokens", m.tokens},
+                         {"step_time_s", m.stepTimeS}, {"tokens_per_s", m.tokens / m.stepTimeS},
+                         {"peak_rss_bytes", m.peakRssBytes}};
+        if (evalNow) {
+          j["eval_loss"] = e.loss;
+          j["eval_accuracy"] = e.accuracy;
+        }
+        metrics << j.dump() << "\n";
+        metrics.flush();
+      }
+    }
+    sum.finalLoss = m.loss;
+    sum.steps = m.step;
+    if (evalNow) {
+      sum.evalLoss = e.loss;
+      sum.evalAccuracy = e.accuracy;
+    }
+    sum.tokensPerS = tps;
+  }
+  return sum;
+}
+
+}  // namespace lt::train

@@ -1,0 +1,110 @@
+// comm/: collectives on 2, 3 and 4 thread-ranks against closed-form expectations, and a
+// lost peer turning into an error that names it, within the timeout.
+#include <chrono>
+
+#include "longtrain/core/check.h"
+#include "testing.h"
+
+namespace {
+
+using lt::testing::runRanks;
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(Collectives, ClosedForm) {
+  const int n = GetParam();
+  runRanks(n, 1, [n](int r, lt::comm::Groups& g) {
+    auto& c = *g.world;
+    // allReduce: sum of `rank` over ranks is n(n-1)/2; max is n-1.
+    auto t = at::full({5}, static_cast<float>(r));
+    c.allReduce(t).wait();
+    EXPECT_TRUE(at::equal(t, at::full({5}, n * (n - 1) / 2.0f)));
+    auto m = at::full({3}, static_cast<float>(r));
+    c.allReduce(m, lt::comm::ReduceOp::ReduceOpMax).wait();
+    EXPECT_TRUE(at::equal(m, at::full({3}, n - 1.0f)));
+    // allGather: rank i contributes [i, i+0.5].
+    auto in = at::tensor({r * 1.0f, r + 0.5f});
+    auto out = at::empty({n, 2});
+    c.allGather(out, in).wait();
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(out[i][0].item<float>(), i);
+      EXPECT_EQ(out[i][1].item<float>(), i + 0.5f);
+    }
+    // reduceScatter on sizes not divisible by n: element e of every rank's input is e + rank.
+    for (int64_t len : {7, 13, 1, 2 * n + 1}) {
+      auto src = at::arange(len, at::kFloat) + r;
+      auto sizes = c.chunkSizes(len);
+      int64_t off = 0;
+      for (int i = 0; i < r; ++i) off += sizes[i];
+      auto dst = at::empty({sizes[r]});
+      c.reduceScatter(dst, src).wait();
+      auto expect = (at::arange(off, off + sizes[r], at::kFloat) * n) + n * (n - 1) / 2.0f;
+      EXPECT_TRUE(at::equal(dst, expect)) << "len " << len;
+    }
+    // allToAll: chunk j of rank i holds 100*i + j; afterwards chunk i of rank j holds 100*i + j.
+    auto a = at::empty({n, 2});
+    for (int j = 0; j < n; ++j) a[j].fill_(100.0f * r + j);
+    auto b = at::empty_like(a);
+    c.allToAll(b, a).wait();
+    for (int i = 0; i < n; ++i) EXPECT_EQ(b[i][0].item<float>(), 100.0f * i + r);
+    // broadcast from the last rank.
+    auto bc = at::full({4}, static_cast<float>(r));
+    c.broadcast(bc, n - 1).wait();
+    EXPECT_TRUE(at::equal(bc, at::full({4}, n - 1.0f)));
+    c.barrier();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(2, 3, 4));
+
+TEST(Groups, SpAndDpLayout) {
+  // world 4 = sp 2 x dp 2: sp groups {0,1},{2,3}; dp groups {0,2},{1,3}.
+  runRanks(4, 2, [](int r, lt::comm::Groups& g) {
+    EXPECT_EQ(g.sp->size(), 2);
+    EXPECT_EQ(g.dp->size(), 2);
+    EXPECT_EQ(g.sp->rank(), r % 2);
+    EXPECT_EQ(g.dp->rank(), r / 2);
+    auto t = at::full({1}, static_cast<float>(r));
+    g.sp->allReduce(t).wait();
+    EXPECT_EQ(t.item<float>(), r < 2 ? 1.0f : 5.0f);
+    auto u = at::full({1}, static_cast<float>(r));
+    g.dp->allReduce(u).wait();
+    EXPECT_EQ(u.item<float>(), r % 2 == 0 ? 2.0f : 4.0f);
+  });
+}
+
+TEST(Fault, LostPeerIsAnErrorNamingIt) {
+  // Rank 2 of 3 "dies": it leaves without joining the collective and its groups are torn
+  // down. The others must fail within the timeout, naming rank 2, not hang.
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const auto timeout = std::chrono::milliseconds(3000);
+  std::vector<std::string> errors(3);
+  std::vector<double> seconds(3, 0);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 3; ++r) {
+    ts.emplace_back([&, r] {
+      lt::comm::Options o;
+      o.timeout = timeout;
+      auto g = lt::comm::makeGroups(store, r, 3, 1, o);
+      auto t = at::ones({4});
+      g.world->allReduce(t).wait();  // everyone alive for the first one
+      if (r == 2) return;            // dies: destructors close its sockets and stop its heartbeat
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      auto t0 = std::chrono::steady_clock::now();
+      try {
+        g.world->allReduce(t).wait();
+      } catch (const lt::Error& e) {
+        errors[r] = e.what();
+      }
+      seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("allReduce on group 'world' failed"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("lost rank(s): 2"), std::string::npos) << errors[r];
+    EXPECT_LT(seconds[r], timeout.count() / 1000.0 + 3.0);  // timeout plus the heartbeat verdict
+  }
+}
+
+}  // namespace

@@ -1,0 +1,59 @@
+// Shared test helpers: thread ranks over one HashStore (as c10d's own C++ tests do), the
+// tolerance table, and relative-error measures.
+#pragma once
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "longtrain/comm/comm.h"
+
+namespace lt::testing {
+
+// Tolerances, one table. fp32 accumulates ~1e-7 relative per op; the figures below leave
+// ~10x headroom over what was measured when each test was written.
+struct Tol {
+  static constexpr double kCheckpointedVsPlain = 1e-6;  // same ops, same order: measured ~1e-7
+  static constexpr double kDataParallel = 1e-5;         // summation order differs across ranks
+  static constexpr double kSequenceParallel = 1e-5;     // attention split by heads, loss by shards
+};
+
+// max |a - b| / max |b| over all elements (0 when both are zero).
+inline double relErr(const at::Tensor& a, const at::Tensor& b) {
+  auto d = (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+  auto s = b.to(at::kDouble).abs().max().item<double>();
+  return s == 0 ? d : d / s;
+}
+
+// Runs fn(rank, groups) on `n` threads, each a rank with its own Gloo groups over a shared
+// HashStore. Rethrows the first exception on the calling thread.
+inline void runRanks(int n, int spSize, const std::function<void(int, comm::Groups&)>& fn,
+                     std::chrono::milliseconds timeout = std::chrono::milliseconds(30000)) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::thread> ts;
+  std::exception_ptr first;
+  std::mutex mu;
+  for (int r = 0; r < n; ++r) {
+    ts.emplace_back([&, r] {
+      try {
+        comm::Options o;
+        o.timeout = timeout;
+        comm::Groups g = comm::makeGroups(store, r, n, spSize, o);
+        fn(r, g);
+        g.world->barrier();
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(mu);
+        if (!first) first = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace lt::testing
