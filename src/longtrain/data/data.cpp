@@ -49,6 +49,7 @@ KvRecallDataset::KvRecallDataset(KvRecallOptions o) : o_(o) {
 Sample KvRecallDataset::get(int64_t i) const {
   LT_ASSERT(i >= 0 && i < o_.numSamples);
   const int64_t kBos = 0, keyBase = 2, valBase = keyBase + o_.numKeys, noiseBase = valBase + o_.numValues;
+  const int64_t fusedBase = noiseBase + o_.numNoise;
   Rng rng{splitmix64(o_.seed ^ splitmix64(static_cast<uint64_t>(i) + 1))};
   std::vector<int64_t> keys(o_.numKeys);
   std::iota(keys.begin(), keys.end(), 0);
@@ -60,6 +61,10 @@ Sample KvRecallDataset::get(int64_t i) const {
   s.ids.reserve(o_.seqLen);
   s.ids.push_back(kBos);
   for (int64_t k = 0; k < o_.numPairs; ++k) {
+    if (o_.fused) {
+      s.ids.push_back(fusedBase + keys[k] * o_.numValues + vals[k]);
+      continue;
+    }
     s.ids.push_back(keyBase + keys[k]);
     s.ids.push_back(valBase + vals[k]);
   }
@@ -78,7 +83,7 @@ Sample KvRecallDataset::get(int64_t i) const {
 }
 
 std::string KvRecallDataset::describe() const {
-  return "kv_recall(seq_len=" + std::to_string(o_.seqLen) + ", pairs=" + std::to_string(o_.numPairs) +
+  return std::string(o_.fused ? "kv_recall[fused]" : "kv_recall") + "(seq_len=" + std::to_string(o_.seqLen) + ", pairs=" + std::to_string(o_.numPairs) +
          ", queries=" + std::to_string(o_.numQueries) + ", chance=1/" + std::to_string(o_.numValues) + ")";
 }
 

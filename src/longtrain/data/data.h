@@ -44,9 +44,13 @@ class Dataset {
 // BOS, n distinct (key, value) pairs, filler noise, then q queries (key, value) drawn from
 // the pairs; only the values of the queries are scored. The answer lies ~seq_len tokens
 // back, so accuracy rises above chance (1/num_values) only when attention learns to find it.
+// With `fused`, each stored pair is one token (key*num_values + value): one attention layer
+// can then retrieve it by content; the split form needs a two-layer induction circuit,
+// which takes far longer to emerge than a 3-minute quick start allows.
 struct KvRecallOptions {
   int64_t seqLen = 256, numSamples = 100000, numPairs = 16, numQueries = 32;
   int64_t numKeys = 32, numValues = 16, numNoise = 16;
+  bool fused = false;
   uint64_t seed = 1234;
 };
 class KvRecallDataset : public Dataset {
@@ -54,7 +58,9 @@ class KvRecallDataset : public Dataset {
   explicit KvRecallDataset(KvRecallOptions o);
   int64_t size() const override { return o_.numSamples; }
   int64_t seqLen() const override { return o_.seqLen; }
-  int64_t vocabNeeded() const override { return 2 + o_.numKeys + o_.numValues + o_.numNoise; }
+  int64_t vocabNeeded() const override {
+    return 2 + o_.numKeys + o_.numValues + o_.numNoise + (o_.fused ? o_.numKeys * o_.numValues : 0);
+  }
   Sample get(int64_t i) const override;
   std::string describe() const override;
 

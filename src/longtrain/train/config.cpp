@@ -257,6 +257,7 @@ Config parseConfig(const json& j, int worldSize) {
     dc.kvKeys = kv.getInt("num_keys", 32, 1, kBig);
     dc.kvValues = kv.getInt("num_values", 16, 2, kBig);
     dc.kvNoise = kv.getInt("num_noise", 16, 1, kBig);
+    dc.kvFused = kv.getBool("fused_pairs", false);
     kv.finish();
     d.finish();
     LT_CHECK(dc.type == "kv_recall" || !dc.path.empty(), "config key 'data.path' is required when data.type=\"",

@@ -48,6 +48,7 @@ struct DataConfig {
   std::string path;
   int64_t seqLen = 256, numSamples = 100000, evalSamples = 64;
   int64_t kvPairs = 16, kvQueries = 32, kvKeys = 32, kvValues = 16, kvNoise = 16;
+  bool kvFused = false;
 };
 
 struct TrainSection {

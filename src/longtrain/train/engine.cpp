@@ -25,11 +25,12 @@ std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval) {
     o.numKeys = d.kvKeys;
     o.numValues = d.kvValues;
     o.numNoise = d.kvNoise;
+    o.fused = d.kvFused;
     o.seed = eval ? cfg.seed ^ 0x5EEDE7A1ull : cfg.seed;
     auto ds = std::make_shared<data::KvRecallDataset>(o);
     LT_CHECK(ds->vocabNeeded() <= cfg.model.vocabSize, "model.vocab_size=", cfg.model.vocabSize,
              " is smaller than the kv_recall task needs (", ds->vocabNeeded(), " = 2 + num_keys + num_values + ",
-             "num_noise); raise model.vocab_size");
+             "num_noise [+ num_keys x num_values if fused_pairs]); raise model.vocab_size");
     return ds;
   }
   int width = d.type == "bytes" ? 1 : d.type == "uint16" ? 2 : 4;
@@ -40,8 +41,13 @@ std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval) {
 }
 
 Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std::move(groups)) {
-  LT_CHECK(cfg_.sequenceParallelSize == 1, "sequence_parallel_size=", cfg_.sequenceParallelSize,
-           ": Ulysses sequence parallelism is not available in this build yet; set 1");
+  const int P = groups_.sp->size();
+  LT_ASSERT(P == cfg_.sequenceParallelSize);
+  if (P > 1) {
+    sp::checkHeads(cfg_.model.heads, cfg_.model.kvHeads, P);
+    LT_CHECK(cfg_.data.seqLen % P == 0, "data.seq_len=", cfg_.data.seqLen, " is not divisible by ",
+             "sequence_parallel_size=", P, "; choose a multiple of ", P);
+  }
   LT_CHECK(cfg_.zero.stage == 0, "zero_optimization.stage=", cfg_.zero.stage,
            ": ZeRO partitioning is not available in this build yet; set 0 (plain data parallelism)");
   LT_CHECK(cfg_.zero.offloadOptimizer.device == "none", "zero_optimization.offload_optimizer.device=\"",
@@ -58,7 +64,11 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
   lo.spRank = groups_.sp->rank();
   lo.spSize = groups_.sp->size();
   lo.seed = cfg_.seed;
-  loader_ = std::make_unique<data::Loader>(train_, lo);
+  if (P > 1)
+    ulysses_ = std::make_unique<sp::UlyssesLoader>(
+        std::make_unique<sp::LoaderSource>(std::make_unique<data::Loader>(train_, lo)), groups_.sp);
+  else
+    loader_ = std::make_unique<data::Loader>(train_, lo);
 
   auto params = model_->parameters();
   const auto& o = cfg_.optimizer;
@@ -74,10 +84,23 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
   compile::Hooks hooks;
   if (groups_.world->size() > 1) hooks.reduceGrads = [this](int g) { reduceGrads(g); };
   hooks.optimizerStep = [this] { optimizerStep(); };
-  exec_ = std::make_unique<compile::Executor>(*model_, model::causalAttention, std::move(hooks));
+  model::AttentionFn attn = model::causalAttention;
+  if (P > 1) attn = sp::ulyssesAttention(groups_.sp, model::causalAttention);
+  exec_ = std::make_unique<compile::Executor>(*model_, attn, std::move(hooks));
 }
 
 Engine::~Engine() = default;
+
+data::Batch Engine::nextMicroBatch() {
+  if (ulysses_) {
+    auto b = ulysses_->next();
+    LT_ASSERT(b.has_value(), "the training stream is infinite");
+    return std::move(*b);
+  }
+  data::Batch b = loader_->next();
+  b.shift_labels = data::shiftLabels(b.labels);
+  return b;
+}
 
 double Engine::currentLr() const { return lrAt(cfg_.scheduler, cfg_.optimizer.lr, step_ - 1); }
 
@@ -122,8 +145,7 @@ StepMetrics Engine::step() {
   double lossSum = 0;  // sum over micro-batches of (local loss sum / SP-group denominator)
   int64_t tokens = 0, correct = 0;
   for (int64_t j = 0; j < cfg_.gradAccum; ++j) {
-    data::Batch b = loader_->next();
-    b.shift_labels = data::shiftLabels(b.labels);
+    data::Batch b = nextMicroBatch();
     auto cnt = at::tensor({b.shift_labels.ne(data::kIgnoreIndex).sum().item<double>()}, at::kDouble);
     groups_.sp->allReduce(cnt).wait();
     double denom = std::max(1.0, cnt.item<double>());
@@ -157,7 +179,7 @@ StepMetrics Engine::step() {
 EvalMetrics Engine::evaluate() {
   EvalMetrics e;
   if (!eval_) return e;
-  // Each DP group takes every dp-th eval sample; SP ranks of a group would share them.
+  // Each DP group takes every dp-th eval sample; the SP ranks of a group take their shards.
   const int dpRank = groups_.dp->rank(), dpSize = groups_.dp->size();
   double lossSum = 0, tokens = 0, correct = 0;
   std::vector<data::Sample> chunk;
@@ -165,6 +187,7 @@ EvalMetrics Engine::evaluate() {
     if (chunk.empty()) return;
     data::Batch b = data::collate(chunk);
     b.shift_labels = data::shiftLabels(b.labels);
+    if (groups_.sp->size() > 1) b = sp::shardBatch(b, groups_.sp->rank(), groups_.sp->size());
     auto st = exec_->evaluate(program_, b);
     lossSum += st.lossSum;
     tokens += static_cast<double>(st.tokens);

@@ -15,6 +15,7 @@
 #include "longtrain/core/fifo.h"
 #include "longtrain/data/data.h"
 #include "longtrain/model/model.h"
+#include "longtrain/sp/ulysses.h"
 #include "longtrain/train/config.h"
 
 namespace torch::optim {
@@ -55,6 +56,7 @@ class Engine {
   const data::Dataset& dataset() const { return *train_; }
 
  private:
+  data::Batch nextMicroBatch();  // with shift_labels; this rank's shard under SP
   void reduceGrads(int group);
   void optimizerStep();
   double currentLr() const;
@@ -63,7 +65,8 @@ class Engine {
   comm::Groups groups_;
   std::unique_ptr<model::Model> model_;
   std::shared_ptr<const data::Dataset> train_, eval_;
-  std::unique_ptr<data::Loader> loader_;
+  std::unique_ptr<data::Loader> loader_;         // SP = 1
+  std::unique_ptr<sp::UlyssesLoader> ulysses_;  // SP > 1 (owns this rank's loader)
   std::unique_ptr<torch::optim::Optimizer> opt_;
   compile::Program program_;
   std::unique_ptr<compile::Executor> exec_;

@@ -1,0 +1,300 @@
+// CPU Adam: argument checks, per-step scalars, ISA dispatch, the chunked thread split, the
+// scalar reference kernel and CpuAdam's per-sub-group state. Non-obvious: this file is built
+// with the baseline flags and holds no intrinsics; the SIMD kernels live in files built with
+// their own -m flags and are reached only through the dispatch below.
+#include "longtrain/offload/cpu_adam.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "longtrain/core/check.h"
+
+namespace lt::offload {
+
+namespace {
+
+// Chunks are aligned to 64 elements (a multiple of every vector width and of a cache line);
+// below kMinChunk elements per thread, starting a thread costs more than it saves.
+constexpr int64_t kChunkAlign = 64;
+constexpr int64_t kMinChunk = 1 << 16;
+
+using detail::AdamCoeffs;
+
+AdamCoeffs makeCoeffs(const AdamParams& a, int64_t step) {
+  // libtorch keeps options in double and computes these in double, casting at the kernel.
+  const double lr = a.lr, wd = a.weightDecay, b1 = a.beta1, b2 = a.beta2;
+  double bias1 = 1, bias2 = 1;
+  if (a.biasCorrection) {
+    bias1 = 1 - std::pow(b1, static_cast<double>(step));
+    bias2 = 1 - std::pow(b2, static_cast<double>(step));
+  }
+  AdamCoeffs c;
+  c.decay = a.adamw ? static_cast<float>(1 - lr * wd) : 1.0f;
+  c.l2 = a.adamw ? 0.0f : a.weightDecay;
+  c.beta1 = a.beta1;
+  c.oneMinusBeta1 = static_cast<float>(1 - b1);
+  c.beta2 = a.beta2;
+  c.oneMinusBeta2 = static_cast<float>(1 - b2);
+  c.sqrtBias2 = static_cast<float>(std::sqrt(bias2));
+  c.eps = a.eps;
+  c.negStepSize = static_cast<float>(-(lr / bias1));
+  return c;
+}
+
+void checkArgs(const void* p, const float* g, const float* m, const float* v, int64_t n,
+               int64_t step, const AdamParams& a) {
+  LT_CHECK(n >= 0, "CPU Adam: n = ", n, "; expected a non-negative element count");
+  LT_CHECK(n == 0 || (p && g && m && v),
+           "CPU Adam: a null buffer (p, g, m, v = ", p, ", ", g, ", ", m, ", ", v,
+           ") for n = ", n, "; pass valid buffers of n elements");
+  LT_CHECK(step >= 1, "CPU Adam: step = ", step, "; steps are 1-based (the step being taken)");
+  LT_CHECK(a.lr >= 0 && std::isfinite(a.lr), "CPU Adam: lr = ", a.lr,
+           "; expected a finite value >= 0");
+  LT_CHECK(a.beta1 >= 0 && a.beta1 < 1 && a.beta2 >= 0 && a.beta2 < 1,
+           "CPU Adam: betas = (", a.beta1, ", ", a.beta2, "); each must be in [0, 1)");
+  LT_CHECK(a.eps > 0 && std::isfinite(a.eps), "CPU Adam: eps = ", a.eps,
+           "; expected a finite value > 0 (it keeps the denominator non-zero)");
+  LT_CHECK(a.weightDecay >= 0 && std::isfinite(a.weightDecay), "CPU Adam: weight_decay = ",
+           a.weightDecay, "; expected a finite value >= 0");
+}
+
+bool cpuHas(AdamIsa isa) {
+  __builtin_cpu_init();
+  switch (isa) {
+    case AdamIsa::AdamIsaScalar: return true;
+    case AdamIsa::AdamIsaAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case AdamIsa::AdamIsaAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("fma");
+  }
+  return false;
+}
+
+// Runs fn(begin, end) over contiguous chunks of [0, n); the caller takes the first chunk.
+template <class Fn>
+void parallelChunks(int64_t n, int threads, const Fn& fn) {
+  const int64_t byGrain = (n + kMinChunk - 1) / kMinChunk;
+  const int64_t t = std::min<int64_t>(std::max(threads, 1), std::max<int64_t>(byGrain, 1));
+  if (t <= 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  int64_t chunk = (n + t - 1) / t;
+  chunk = (chunk + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
+  std::vector<std::jthread> workers;  // joined on destruction, also if a start throws
+  workers.reserve(t - 1);
+  for (int64_t b = chunk; b < n; b += chunk) {
+    workers.emplace_back([&fn, b, e = std::min(n, b + chunk)] { fn(b, e); });
+  }
+  fn(int64_t{0}, std::min(n, chunk));
+}
+
+// The plain reference: each line is the scalar lambda of the libtorch op it names, in
+// libtorch's order (the SIMD kernels instead mirror libtorch's vector lambdas, whose add_
+// with alpha is an fma). Contraction stays off even under LONGTRAIN_NATIVE.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+template <bool kL2>
+inline float scalarUpdate(float p, float g, float& m, float& v, const AdamCoeffs& c) {
+  if constexpr (kL2) g = g + c.l2 * p;                         // grad.add(p, wd)
+  p = p * c.decay;                                             // p.mul_(1 - lr*wd)
+  m = m * c.beta1 + c.oneMinusBeta1 * g;                       // m.mul_(b1).add_(g, 1-b1)
+  v = v * c.beta2 + c.oneMinusBeta2 * g * g;                   // v.mul_(b2).addcmul_(g, g, 1-b2)
+  const float denom = std::sqrt(v) / c.sqrtBias2 + c.eps;      // v.sqrt() / sqrt(bias2) + eps
+  return p + c.negStepSize * m / denom;                        // p.addcdiv_(m, denom, -lr/bias1)
+}
+
+template <bool kL2>
+void scalarKernel(float* p, const float* g, float* m, float* v, int64_t n, const AdamCoeffs& c) {
+  for (int64_t i = 0; i < n; ++i) p[i] = scalarUpdate<kL2>(p[i], g[i], m[i], v[i], c);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
+float bf16ToFloat(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+uint16_t floatToBf16(float f) {
+  if (std::isnan(f)) return 0x7FC0;
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  bits += 0x7FFF + ((bits >> 16) & 1);  // round to nearest, ties to even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+template <bool kL2>
+void scalarKernelBf16(uint16_t* pBf16, float* pMaster, const float* g, float* m, float* v,
+                      int64_t n, const AdamCoeffs& c) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float p0 = pMaster ? pMaster[i] : bf16ToFloat(pBf16[i]);
+    const float p = scalarUpdate<kL2>(p0, g[i], m[i], v[i], c);
+    if (pMaster) pMaster[i] = p;
+    pBf16[i] = floatToBf16(p);
+  }
+}
+
+void runKernel(AdamIsa isa, float* p, const float* g, float* m, float* v, int64_t n,
+               const AdamCoeffs& c) {
+  switch (isa) {
+    case AdamIsa::AdamIsaAvx512: return detail::adamKernelAvx512(p, g, m, v, n, c);
+    case AdamIsa::AdamIsaAvx2: return detail::adamKernelAvx2(p, g, m, v, n, c);
+    case AdamIsa::AdamIsaScalar:
+      return c.l2 != 0 ? scalarKernel<true>(p, g, m, v, n, c)
+                       : scalarKernel<false>(p, g, m, v, n, c);
+  }
+}
+
+void runKernelBf16(AdamIsa isa, uint16_t* pBf16, float* pMaster, const float* g, float* m,
+                   float* v, int64_t n, const AdamCoeffs& c) {
+  switch (isa) {
+    case AdamIsa::AdamIsaAvx512: return detail::adamKernelBf16Avx512(pBf16, pMaster, g, m, v, n, c);
+    case AdamIsa::AdamIsaAvx2: return detail::adamKernelBf16Avx2(pBf16, pMaster, g, m, v, n, c);
+    case AdamIsa::AdamIsaScalar:
+      return c.l2 != 0 ? scalarKernelBf16<true>(pBf16, pMaster, g, m, v, n, c)
+                       : scalarKernelBf16<false>(pBf16, pMaster, g, m, v, n, c);
+  }
+}
+
+void checkIsa(AdamIsa isa) {
+  LT_CHECK(adamIsaSupported(isa), "CPU Adam: the ", adamIsaName(isa),
+           " kernel was requested but this CPU lacks its instructions; use adamBestIsa()");
+}
+
+}  // namespace
+
+AdamIsa adamBestIsa() {
+  static const AdamIsa best = cpuHas(AdamIsa::AdamIsaAvx512) ? AdamIsa::AdamIsaAvx512
+                              : cpuHas(AdamIsa::AdamIsaAvx2) ? AdamIsa::AdamIsaAvx2
+                                                             : AdamIsa::AdamIsaScalar;
+  return best;
+}
+
+bool adamIsaSupported(AdamIsa isa) { return cpuHas(isa); }
+
+const char* adamIsaName(AdamIsa isa) {
+  switch (isa) {
+    case AdamIsa::AdamIsaScalar: return "scalar";
+    case AdamIsa::AdamIsaAvx2: return "avx2";
+    case AdamIsa::AdamIsaAvx512: return "avx512";
+  }
+  return "unknown";
+}
+
+const char* adamIsa() { return adamIsaName(adamBestIsa()); }
+
+void adamStepWith(AdamIsa isa, float* p, const float* g, float* m, float* v, int64_t n,
+                  int64_t step, const AdamParams& params, int threads) {
+  checkIsa(isa);
+  checkArgs(p, g, m, v, n, step, params);
+  const AdamCoeffs c = makeCoeffs(params, step);
+  parallelChunks(n, threads, [&](int64_t b, int64_t e) {
+    runKernel(isa, p + b, g + b, m + b, v + b, e - b, c);
+  });
+}
+
+void adamStep(float* p, const float* g, float* m, float* v, int64_t n, int64_t step,
+              const AdamParams& params, int threads) {
+  adamStepWith(adamBestIsa(), p, g, m, v, n, step, params, threads);
+}
+
+void adamStepBf16With(AdamIsa isa, uint16_t* pBf16, float* pMaster, const float* g, float* m,
+                      float* v, int64_t n, int64_t step, const AdamParams& params,
+                      int threads) {
+  checkIsa(isa);
+  checkArgs(pBf16, g, m, v, n, step, params);
+  const AdamCoeffs c = makeCoeffs(params, step);
+  parallelChunks(n, threads, [&](int64_t b, int64_t e) {
+    runKernelBf16(isa, pBf16 + b, pMaster ? pMaster + b : nullptr, g + b, m + b, v + b, e - b, c);
+  });
+}
+
+void adamStepBf16(uint16_t* pBf16, float* pMaster, const float* g, float* m, float* v,
+                  int64_t n, int64_t step, const AdamParams& params, int threads) {
+  adamStepBf16With(adamBestIsa(), pBf16, pMaster, g, m, v, n, step, params, threads);
+}
+
+// --- CpuAdam ---
+
+void CpuAdam::AlignedFree::operator()(float* ptr) const { std::free(ptr); }
+
+CpuAdam::CpuAdam(AdamParams params, int threads) : params_(params), threads_(threads) {
+  LT_CHECK(threads >= 1, "CpuAdam: threads = ", threads, "; expected at least 1");
+  // Validate the hyper-parameters now rather than at the first step.
+  const float probe = 0;
+  checkArgs(&probe, &probe, &probe, &probe, 0, 1, params_);
+}
+
+CpuAdam::~CpuAdam() = default;
+
+int CpuAdam::addGroup(int64_t numel) {
+  LT_CHECK(numel > 0, "CpuAdam::addGroup: numel = ", numel, "; expected a positive count");
+  const size_t bytes =
+      (static_cast<size_t>(numel) * sizeof(float) + 63) / 64 * 64;  // aligned_alloc wants a multiple
+  auto alloc = [&] {
+    Buffer b(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    LT_CHECK(b != nullptr, "CpuAdam::addGroup: cannot allocate ", bytes,
+             " bytes for a group of ", numel, " elements");
+    std::memset(b.get(), 0, bytes);
+    return b;
+  };
+  Group g;
+  g.m = alloc();
+  g.v = alloc();
+  g.numel = numel;
+  groups_.push_back(std::move(g));
+  return static_cast<int>(groups_.size()) - 1;
+}
+
+CpuAdam::Group& CpuAdam::groupAt(int group) {
+  LT_CHECK(group >= 0 && group < static_cast<int>(groups_.size()), "CpuAdam: group ", group,
+           " does not exist; ", groups_.size(), " groups were added");
+  return groups_[group];
+}
+
+const CpuAdam::Group& CpuAdam::groupAt(int group) const {
+  return const_cast<CpuAdam*>(this)->groupAt(group);
+}
+
+void CpuAdam::step(int group, float* p, const float* g) {
+  Group& gr = groupAt(group);
+  checkArgs(p, g, gr.m.get(), gr.v.get(), gr.numel, gr.step + 1, params_);
+  ++gr.step;
+  adamStep(p, g, gr.m.get(), gr.v.get(), gr.numel, gr.step, params_, threads_);
+}
+
+void CpuAdam::stepBf16(int group, uint16_t* pBf16, float* pMaster, const float* g) {
+  Group& gr = groupAt(group);
+  checkArgs(pBf16, g, gr.m.get(), gr.v.get(), gr.numel, gr.step + 1, params_);
+  ++gr.step;
+  adamStepBf16(pBf16, pMaster, g, gr.m.get(), gr.v.get(), gr.numel, gr.step, params_, threads_);
+}
+
+int CpuAdam::groupCount() const { return static_cast<int>(groups_.size()); }
+int64_t CpuAdam::groupNumel(int group) const { return groupAt(group).numel; }
+float* CpuAdam::expAvg(int group) { return groupAt(group).m.get(); }
+float* CpuAdam::expAvgSq(int group) { return groupAt(group).v.get(); }
+int64_t CpuAdam::stepCount(int group) const { return groupAt(group).step; }
+
+void CpuAdam::setStepCount(int group, int64_t step) {
+  LT_CHECK(step >= 0, "CpuAdam::setStepCount: step = ", step, "; expected >= 0");
+  groupAt(group).step = step;
+}
+
+void CpuAdam::setLr(float lr) {
+  LT_CHECK(lr >= 0 && std::isfinite(lr), "CpuAdam::setLr: lr = ", lr,
+           "; expected a finite value >= 0");
+  params_.lr = lr;
+}
+
+}  // namespace lt::offload

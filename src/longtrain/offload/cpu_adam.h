@@ -1,0 +1,126 @@
+// SIMD CPU Adam/AdamW with DeepSpeed CPUAdam's semantics (csrc/includes/cpu_adam.h), whose
+// oracle is torch::optim::AdamW/Adam. Non-obvious: the float ops follow libtorch 1.13's order
+// (scalars in double, then cast), so results match it element by element, not just by norm.
+//
+// Guarantees:
+// - Updates are in place: p (or the fp32 master), m and v are read and written, g is only
+//   read. The buffers must not overlap; no alignment is required.
+// - `step` is 1-based (the step being taken); bias correction uses it.
+// - The kernel is chosen at run time: AVX-512 when the CPU has avx512f+avx512bw, else AVX2+FMA,
+//   else scalar. Every kernel agrees with the scalar one within 1e-6 on unit-scale data.
+// - `threads` splits the range into contiguous 64-element-aligned chunks, one std::thread
+//   each (threads <= 1, or a small n, runs on the caller). Each element's arithmetic does not
+//   depend on the split: results are bit-identical for every thread count.
+// - Calls are synchronous: everything is written when they return.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace lt::offload {
+
+// Defaults are torch::optim::AdamW's.
+struct AdamParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weightDecay = 1e-2f;
+  bool adamw = true;           // true: decoupled, p *= 1 - lr*wd first; false: L2, g += wd*p
+  bool biasCorrection = true;  // false: bias1 = bias2 = 1
+};
+
+enum class AdamIsa { AdamIsaScalar, AdamIsaAvx2, AdamIsaAvx512 };
+
+AdamIsa adamBestIsa();                // the fastest kernel this CPU can run
+bool adamIsaSupported(AdamIsa isa);   // the scalar kernel is always supported
+const char* adamIsaName(AdamIsa isa); // "scalar", "avx2", "avx512"
+const char* adamIsa();                // adamIsaName(adamBestIsa())
+
+// fp32 parameters: p, m, v updated in place from g, n elements.
+void adamStep(float* p, const float* g, float* m, float* v, int64_t n, int64_t step,
+              const AdamParams& params, int threads);
+void adamStepWith(AdamIsa isa, float* p, const float* g, float* m, float* v, int64_t n,
+                  int64_t step, const AdamParams& params, int threads);
+
+// bf16 parameters with fp32 states. With pMaster, the fp32 master is updated and pBf16 only
+// written (round to nearest even); without it (nullptr), pBf16 is widened, updated in fp32
+// and rounded back. NaN becomes the quiet NaN 0x7FC0, as c10::BFloat16 does.
+void adamStepBf16(uint16_t* pBf16, float* pMaster, const float* g, float* m, float* v,
+                  int64_t n, int64_t step, const AdamParams& params, int threads);
+void adamStepBf16With(AdamIsa isa, uint16_t* pBf16, float* pMaster, const float* g, float* m,
+                      float* v, int64_t n, int64_t step, const AdamParams& params, int threads);
+
+// Optimizer state for the sub-groups of one optimizer (DeepSpeed's step_subgroup): each group
+// owns zeroed m and v and its own step count. addGroup must not run concurrently with other
+// calls; step() on distinct groups may run concurrently. m/v pointers stay valid for the
+// object's lifetime.
+class CpuAdam {
+ public:
+  CpuAdam(AdamParams params, int threads);
+  ~CpuAdam();
+  CpuAdam(const CpuAdam&) = delete;
+  CpuAdam& operator=(const CpuAdam&) = delete;
+
+  int addGroup(int64_t numel);  // returns the group id, 0, 1, ...
+  // Increments the group's step count, then updates p (numel fp32 values) from g.
+  void step(int group, float* p, const float* g);
+  // The same for bf16 parameters (see adamStepBf16).
+  void stepBf16(int group, uint16_t* pBf16, float* pMaster, const float* g);
+
+  int groupCount() const;
+  int64_t groupNumel(int group) const;
+  float* expAvg(int group);    // m, groupNumel floats, 64-byte aligned
+  float* expAvgSq(int group);  // v, groupNumel floats, 64-byte aligned
+  int64_t stepCount(int group) const;
+  void setStepCount(int group, int64_t step);  // for checkpoint load and rollback
+
+  void setLr(float lr);
+  const AdamParams& params() const { return params_; }
+  int threads() const { return threads_; }
+
+ private:
+  struct AlignedFree {
+    void operator()(float* ptr) const;
+  };
+  using Buffer = std::unique_ptr<float[], AlignedFree>;
+  struct Group {
+    Buffer m, v;
+    int64_t numel = 0;
+    int64_t step = 0;
+  };
+  Group& groupAt(int group);
+  const Group& groupAt(int group) const;
+
+  AdamParams params_;
+  int threads_;
+  std::vector<Group> groups_;
+};
+
+namespace detail {
+
+// One step's scalars, computed in double as libtorch does and then cast to float.
+struct AdamCoeffs {
+  float decay;       // AdamW: 1 - lr*wd; otherwise 1
+  float l2;          // Adam with wd != 0: wd (g += wd*p); otherwise 0 and unused
+  float beta1, oneMinusBeta1;
+  float beta2, oneMinusBeta2;
+  float sqrtBias2;   // sqrt(1 - beta2^t)
+  float eps;
+  float negStepSize; // -lr / (1 - beta1^t)
+};
+
+// The per-ISA kernels over [0, n), defined in cpu_adam_avx2.cpp / cpu_adam_avx512.cpp. They
+// execute ISA instructions unconditionally: call them only through the dispatch above.
+void adamKernelAvx2(float* p, const float* g, float* m, float* v, int64_t n,
+                    const AdamCoeffs& c);
+void adamKernelBf16Avx2(uint16_t* pBf16, float* pMaster, const float* g, float* m, float* v,
+                        int64_t n, const AdamCoeffs& c);
+void adamKernelAvx512(float* p, const float* g, float* m, float* v, int64_t n,
+                      const AdamCoeffs& c);
+void adamKernelBf16Avx512(uint16_t* pBf16, float* pMaster, const float* g, float* m, float* v,
+                          int64_t n, const AdamCoeffs& c);
+
+}  // namespace detail
+
+}  // namespace lt::offload

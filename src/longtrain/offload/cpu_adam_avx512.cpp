@@ -1,0 +1,108 @@
+// AVX-512 CPU Adam kernels (16 lanes), built with -mavx512f -mavx512bw -mfma and reached only
+// through the dispatch in cpu_adam.cpp (never on a CPU without avx512f+avx512bw). Non-obvious:
+// the tail uses masked loads/stores, so every element takes the same vector path, and all
+// helpers have internal linkage so no AVX-512 copy of a shared inline function can leak.
+// GCC 12's AVX-512 intrinsic headers trip a false -Wmaybe-uninitialized (their
+// `__m512 __Y = __Y;` placeholders, GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// No FMA contraction of separate mul and add: see cpu_adam_avx2.cpp.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+#include <immintrin.h>
+
+#include "longtrain/offload/cpu_adam.h"
+
+namespace lt::offload::detail {
+
+namespace {
+
+constexpr int kLanes = 16;
+
+struct Coeffs16 {
+  __m512 decay, l2, beta1, oneMinusBeta1, beta2, oneMinusBeta2, sqrtBias2, eps, negStepSize;
+  explicit Coeffs16(const AdamCoeffs& c)
+      : decay(_mm512_set1_ps(c.decay)), l2(_mm512_set1_ps(c.l2)), beta1(_mm512_set1_ps(c.beta1)),
+        oneMinusBeta1(_mm512_set1_ps(c.oneMinusBeta1)), beta2(_mm512_set1_ps(c.beta2)),
+        oneMinusBeta2(_mm512_set1_ps(c.oneMinusBeta2)), sqrtBias2(_mm512_set1_ps(c.sqrtBias2)),
+        eps(_mm512_set1_ps(c.eps)), negStepSize(_mm512_set1_ps(c.negStepSize)) {}
+};
+
+// The same ops and roundings as the AVX2 kernel (libtorch 1.13's vector lambdas).
+template <bool kL2>
+__attribute__((always_inline)) inline __m512 update(__m512 p, __m512 g, __m512& m, __m512& v,
+                                                    const Coeffs16& c) {
+  if constexpr (kL2) g = _mm512_fmadd_ps(p, c.l2, g);                  // grad.add(p, wd)
+  p = _mm512_mul_ps(p, c.decay);                                       // p.mul_(1 - lr*wd)
+  m = _mm512_fmadd_ps(g, c.oneMinusBeta1, _mm512_mul_ps(m, c.beta1));  // m.mul_(b1).add_(g, 1-b1)
+  v = _mm512_fmadd_ps(_mm512_mul_ps(g, c.oneMinusBeta2), g,            // v.mul_(b2)
+                      _mm512_mul_ps(v, c.beta2));                      //  .addcmul_(g, g, 1-b2)
+  const __m512 denom =                                                 // sqrt(v) / sqrt(bias2) + eps
+      _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), c.sqrtBias2), c.eps);
+  return _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(c.negStepSize, m), denom));  // addcdiv_
+}
+
+__attribute__((always_inline)) inline __m512 bf16Load(const uint16_t* src, __mmask16 k) {
+  // 16 bf16 values are 256 bits; the BW masked load of 32 halves keeps only the low 16.
+  const __m256i h = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(static_cast<__mmask32>(k), src));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// Round to nearest even, NaN to 0x7FC0: bit for bit what c10::BFloat16 does.
+__attribute__((always_inline)) inline void bf16Store(uint16_t* dst, __m512 x, __mmask16 k) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), lsb);
+  r = _mm512_srli_epi32(r, 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  r = _mm512_mask_blend_epi32(nan, r, _mm512_set1_epi32(0x7FC0));
+  _mm512_mask_cvtepi32_storeu_epi16(dst, k, r);  // every lane is <= 0xFFFF: truncation is exact
+}
+
+template <bool kL2>
+void fp32Kernel(float* p, const float* g, float* m, float* v, int64_t n, const AdamCoeffs& coeffs) {
+  const Coeffs16 c(coeffs);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t r = n - i;
+    const __mmask16 k = r >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << r) - 1);
+    __m512 mm = _mm512_maskz_loadu_ps(k, m + i), vv = _mm512_maskz_loadu_ps(k, v + i);
+    const __m512 pp =
+        update<kL2>(_mm512_maskz_loadu_ps(k, p + i), _mm512_maskz_loadu_ps(k, g + i), mm, vv, c);
+    _mm512_mask_storeu_ps(p + i, k, pp);
+    _mm512_mask_storeu_ps(m + i, k, mm);
+    _mm512_mask_storeu_ps(v + i, k, vv);
+  }
+}
+
+template <bool kL2>
+void bf16Kernel(uint16_t* pBf16, float* pMaster, const float* g, float* m, float* v, int64_t n,
+                const AdamCoeffs& coeffs) {
+  const Coeffs16 c(coeffs);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t r = n - i;
+    const __mmask16 k = r >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << r) - 1);
+    const __m512 p0 = pMaster ? _mm512_maskz_loadu_ps(k, pMaster + i) : bf16Load(pBf16 + i, k);
+    __m512 mm = _mm512_maskz_loadu_ps(k, m + i), vv = _mm512_maskz_loadu_ps(k, v + i);
+    const __m512 pp = update<kL2>(p0, _mm512_maskz_loadu_ps(k, g + i), mm, vv, c);
+    if (pMaster) _mm512_mask_storeu_ps(pMaster + i, k, pp);
+    bf16Store(pBf16 + i, pp, k);
+    _mm512_mask_storeu_ps(m + i, k, mm);
+    _mm512_mask_storeu_ps(v + i, k, vv);
+  }
+}
+
+}  // namespace
+
+void adamKernelAvx512(float* p, const float* g, float* m, float* v, int64_t n,
+                      const AdamCoeffs& c) {
+  if (c.l2 != 0) fp32Kernel<true>(p, g, m, v, n, c);
+  else fp32Kernel<false>(p, g, m, v, n, c);
+}
+
+void adamKernelBf16Avx512(uint16_t* pBf16, float* pMaster, const float* g, float* m, float* v,
+                          int64_t n, const AdamCoeffs& c) {
+  if (c.l2 != 0) bf16Kernel<true>(pBf16, pMaster, g, m, v, n, c);
+  else bf16Kernel<false>(pBf16, pMaster, g, m, v, n, c);
+}
+
+}  // namespace lt::offload::detail

@@ -1,0 +1,174 @@
+// Ulysses adapter and attention. The all-to-all layout: a local [B, s, H, D] is viewed as
+// [B, s, P, H/P, D] and permuted to [P, B, s, H/P, D] so chunk j (heads of rank j) is
+// contiguous for alltoall_base; the receiver's chunk i is rank i's sequence shard.
+#include "longtrain/sp/ulysses.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "longtrain/core/check.h"
+
+namespace lt::sp {
+
+// ---------------------------------------------------------------------------- all-to-all
+namespace {
+
+at::Tensor a2aSeqToHeads(const at::Tensor& x, comm::Comm* sp) {
+  const int64_t P = sp->size(), B = x.size(0), s = x.size(1), H = x.size(2), D = x.size(3);
+  auto send = x.reshape({B, s, P, H / P, D}).permute({2, 0, 1, 3, 4}).contiguous();  // [P, B, s, H/P, D]
+  auto recv = at::empty_like(send);
+  sp->allToAll(recv, send).wait();
+  return recv.permute({1, 0, 2, 3, 4}).reshape({B, P * s, H / P, D});  // [B, S, H/P, D]
+}
+
+at::Tensor a2aHeadsToSeq(const at::Tensor& x, comm::Comm* sp) {
+  const int64_t P = sp->size(), B = x.size(0), S = x.size(1), h = x.size(2), D = x.size(3), s = S / P;
+  auto send = x.reshape({B, P, s, h, D}).permute({1, 0, 2, 3, 4}).contiguous();  // [P, B, s, H/P, D]
+  auto recv = at::empty_like(send);
+  sp->allToAll(recv, send).wait();
+  return recv.permute({1, 2, 0, 3, 4}).reshape({B, s, P * h, D});  // [B, s, H, D]
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+comm::Comm* commOf(AutogradContext* ctx) {
+  return reinterpret_cast<comm::Comm*>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
+}
+
+struct SeqToHeadsFn : torch::autograd::Function<SeqToHeadsFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t commPtr) {
+    ctx->saved_data["comm"] = commPtr;
+    return a2aSeqToHeads(x, reinterpret_cast<comm::Comm*>(static_cast<intptr_t>(commPtr)));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {a2aHeadsToSeq(g[0].contiguous(), commOf(ctx)), at::Tensor()};
+  }
+};
+
+struct HeadsToSeqFn : torch::autograd::Function<HeadsToSeqFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t commPtr) {
+    ctx->saved_data["comm"] = commPtr;
+    return a2aHeadsToSeq(x, reinterpret_cast<comm::Comm*>(static_cast<intptr_t>(commPtr)));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {a2aSeqToHeads(g[0].contiguous(), commOf(ctx)), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor seqToHeads(const at::Tensor& x, comm::Comm* sp) {
+  return SeqToHeadsFn::apply(x, static_cast<int64_t>(reinterpret_cast<intptr_t>(sp)));
+}
+at::Tensor headsToSeq(const at::Tensor& x, comm::Comm* sp) {
+  return HeadsToSeqFn::apply(x, static_cast<int64_t>(reinterpret_cast<intptr_t>(sp)));
+}
+
+void checkHeads(int64_t heads, int64_t kvHeads, int p) {
+  LT_CHECK(heads % p == 0, "model.num_heads=", heads, " is not divisible by sequence_parallel_size=", p,
+           ": Ulysses gives every SP rank num_heads/P heads; choose a sequence_parallel_size that divides ", heads);
+  LT_CHECK(kvHeads % p == 0 || p % kvHeads == 0, "model.num_kv_heads=", kvHeads, " and sequence_parallel_size=", p,
+           ": one must divide the other (KV heads are split over ranks, or replicated when fewer than P)");
+}
+
+model::AttentionFn ulyssesAttention(std::shared_ptr<comm::Comm> sp, model::AttentionFn core) {
+  return [sp, core](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    const int64_t P = sp->size(), kv = k.size(2);
+    at::Tensor kk = k, vv = v;
+    if (kv < P) {  // replicate KV heads so every rank holds one (autograd sums the copies' grads)
+      kk = k.repeat_interleave(P / kv, 2);
+      vv = v.repeat_interleave(P / kv, 2);
+    }
+    auto qh = seqToHeads(q, sp.get());   // [B, S, H/P, Dh]
+    auto kh = seqToHeads(kk, sp.get());  // [B, S, KV/P (>= 1), Dh]
+    auto vh = seqToHeads(vv, sp.get());
+    auto o = core(qh, kh, vh);           // [B, S, H/P, Dh]
+    return headsToSeq(o.contiguous(), sp.get());  // [B, S/P, H, Dh]
+  };
+}
+
+// ---------------------------------------------------------------------------- adapter
+data::Batch shardBatch(const data::Batch& whole, int rank, int size) {
+  const int64_t S = whole.input_ids.size(1);
+  LT_CHECK(S % size == 0, "sequence length ", S, " is not divisible by sequence_parallel_size=", size,
+           "; pad samples to a multiple of ", size, " (data.seq_len)");
+  const int64_t chunk = S / size;
+  auto cut = [&](const at::Tensor& t) { return t.slice(1, chunk * rank, chunk * (rank + 1)).contiguous(); };
+  data::Batch out;
+  out.input_ids = cut(whole.input_ids);
+  out.labels = cut(whole.labels);
+  out.position_ids = cut(whole.position_ids);
+  out.shift_labels = cut(whole.shift_labels.defined() ? whole.shift_labels : data::shiftLabels(whole.labels));
+  return out;
+}
+
+UlyssesLoader::UlyssesLoader(std::unique_ptr<BatchSource> src, std::shared_ptr<comm::Comm> sp)
+    : src_(std::move(src)), sp_(std::move(sp)) {}
+
+int64_t UlyssesLoader::length() const {
+  int64_t n = src_->length();
+  return n < 0 ? -1 : n * sp_->size();
+}
+
+std::optional<data::Batch> UlyssesLoader::next() {
+  if (fifo_.empty()) {
+    std::optional<data::Batch> mine = src_->next();
+    // Every rank learns whether any rank's epoch ended, so all end it together (no hang).
+    auto ended = at::full({1}, mine ? 0.0f : 1.0f);
+    sp_->allReduce(ended, comm::ReduceOp::ReduceOpMax).wait();
+    if (ended.item<float>() > 0) {
+      src_->reset();
+      return std::nullopt;
+    }
+    refill(&*mine);
+  }
+  return fifo_.pop();
+}
+
+void UlyssesLoader::refill(const data::Batch* mine) {
+  const int P = sp_->size();
+  // 1. Shapes of every rank's fields, so every rank validates every batch the same way.
+  //    Per rank: B, len(input_ids), len(labels), len(position_ids) (-1 = missing).
+  auto len = [](const at::Tensor& t) { return t.defined() ? static_cast<float>(t.size(1)) : -1.0f; };
+  auto shape = at::tensor({static_cast<float>(mine->input_ids.size(0)), len(mine->input_ids), len(mine->labels),
+                           len(mine->position_ids)});
+  auto shapes = at::empty({P, 4});
+  sp_->allGather(shapes, shape).wait();
+  auto sh = shapes.accessor<float, 2>();
+  const int64_t B = static_cast<int64_t>(sh[0][0]);
+  int64_t maxLen = 0;
+  for (int r = 0; r < P; ++r) {
+    const int64_t S = static_cast<int64_t>(sh[r][1]);
+    LT_CHECK(static_cast<int64_t>(sh[r][0]) == B, "SP rank ", r, "'s batch has ", sh[r][0],
+             " samples but SP rank 0's has ", B, "; every SP rank's loader must yield the same batch size");
+    LT_CHECK(sh[r][2] >= 0, "SP rank ", r, "'s batch has no 'labels'; Ulysses needs labels to form shift_labels");
+    LT_CHECK(sh[r][3] >= 0, "SP rank ", r, "'s batch has no 'position_ids'; Ulysses needs them (shards keep ",
+             "their global positions)");
+    LT_CHECK(sh[r][2] == S && sh[r][3] == S, "SP rank ", r, "'s batch: 'labels' (", sh[r][2], ") or 'position_ids' (",
+             sh[r][3], ") length differs from 'input_ids' (", S, ")");
+    LT_CHECK(S % P == 0, "SP rank ", r, "'s batch has sequence length ", S, ", not divisible by ",
+             "sequence_parallel_size=", P, "; pad samples to a multiple of ", P);
+    maxLen = std::max(maxLen, S);
+  }
+  // 2. The fields themselves, padded to the longest rank's length.
+  auto gather = [&](const at::Tensor& t) {
+    auto padded = at::full({B, maxLen}, data::kIgnoreIndex, t.options());
+    padded.slice(1, 0, t.size(1)).copy_(t);
+    auto all = at::empty({P, B, maxLen}, t.options());
+    sp_->allGather(all, padded).wait();
+    return all;
+  };
+  auto ids = gather(mine->input_ids), labels = gather(mine->labels), pos = gather(mine->position_ids);
+  // 3. For each rank's batch (rank 0's first): shift labels on the whole sequence, take my shard.
+  for (int r = 0; r < P; ++r) {
+    const int64_t S = static_cast<int64_t>(sh[r][1]);
+    data::Batch whole;
+    whole.input_ids = ids[r].slice(1, 0, S);
+    whole.labels = labels[r].slice(1, 0, S);
+    whole.position_ids = pos[r].slice(1, 0, S);
+    fifo_.push(shardBatch(whole, sp_->rank(), P));
+  }
+}
+
+}  // namespace lt::sp

@@ -1,0 +1,108 @@
+// cli/ end to end, as a user runs it: processes launched by --nproc, config errors, the
+// metrics JSONL, and a rank killed with SIGKILL turning into a named error, never a hang.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct Result {
+  int code;
+  std::string out;
+  double seconds;
+};
+
+// Runs a shell command with stdout+stderr captured; `timeout` guards the test from a hang.
+Result sh(const std::string& cmd) {
+  auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen(("timeout 120 " + cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+fs::path writeConfig(const std::string& name, const json& j) {
+  auto dir = fs::temp_directory_path() / "longtrain_cli_test";
+  fs::create_directories(dir);
+  auto p = dir / name;
+  std::ofstream(p) << j.dump(2);
+  return p;
+}
+
+json tinyConfig() {
+  return json::parse(R"({
+    "train_micro_batch_size_per_gpu": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+    "model": {"vocab_size": 64, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 48},
+    "data": {"seq_len": 32, "num_samples": 256, "eval_samples": 8,
+             "kv": {"num_pairs": 4, "num_queries": 4, "num_keys": 16, "num_values": 8, "num_noise": 8}},
+    "train": {"steps": 4, "threads": 1, "comm_timeout_s": 5}
+  })");
+}
+
+std::vector<json> readJsonl(const fs::path& p) {
+  std::vector<json> v;
+  std::ifstream f(p);
+  std::string line;
+  while (std::getline(f, line)) v.push_back(json::parse(line));
+  return v;
+}
+
+const std::string kBin = LONGTRAIN_BIN;
+
+TEST(Cli, HelpAndConfigError) {
+  auto h = sh(kBin + " --help");
+  EXPECT_EQ(h.code, 0);
+  EXPECT_NE(h.out.find("train"), std::string::npos);
+  json j = tinyConfig();
+  j["data"]["seq_lne"] = 3;
+  auto r = sh(kBin + " train " + writeConfig("bad.json", j).string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("unknown config key 'data.seq_lne'; did you mean 'data.seq_len'?"), std::string::npos) << r.out;
+}
+
+TEST(Cli, TwoProcessesMatchOneWithAccumulation) {
+  auto cfg = writeConfig("dp.json", tinyConfig());
+  auto dir = cfg.parent_path();
+  auto one = sh(kBin + " train " + cfg.string() + " --set gradient_accumulation_steps=2 --metrics " +
+                (dir / "one.jsonl").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  auto two = sh(kBin + " train " + cfg.string() + " --nproc 2 --metrics " + (dir / "two.jsonl").string());
+  ASSERT_EQ(two.code, 0) << two.out;
+  auto a = readJsonl(dir / "one.jsonl"), b = readJsonl(dir / "two.jsonl");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens", "step_time_s", "tokens_per_s", "peak_rss_bytes"})
+      EXPECT_TRUE(b[i].contains(k)) << k;
+    double la = a[i]["loss"], lb = b[i]["loss"];
+    EXPECT_LE(std::abs(la - lb) / la, 1e-5) << "step " << i + 1;
+  }
+  EXPECT_TRUE(b.back().contains("eval_accuracy"));
+}
+
+TEST(Cli, KilledRankFailsTheJobNamingIt) {
+  json j = tinyConfig();
+  j["train"]["steps"] = 50;
+  auto cfg = writeConfig("fault.json", j);
+  auto r = sh("env LONGTRAIN_FAULT_KILL_RANK=1 LONGTRAIN_FAULT_KILL_STEP=2 " + kBin + " train " + cfg.string() +
+              " --nproc 3");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("rank 1 (of 3) was killed by signal 9"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lost rank(s): 1"), std::string::npos) << r.out;
+  EXPECT_LT(r.seconds, 5 + 30);  // within the collective timeout (5 s) plus start-up
+}
+
+}  // namespace

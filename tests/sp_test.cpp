@@ -1,0 +1,210 @@
+// sp/: the Ulysses adapter on DeepSpeed's own example and its error cases; SP attention,
+// loss and gradients equal one rank processing the whole batch (SP 2 and 4, GQA with
+// kv_heads < P); the engine at SP x DP = 2 x 2 equals one rank with accumulation.
+#include <nlohmann/json.hpp>
+
+#include "longtrain/compile/executor.h"
+#include "longtrain/core/check.h"
+#include "longtrain/sp/ulysses.h"
+#include "longtrain/train/config.h"
+#include "longtrain/train/engine.h"
+#include "testing.h"
+
+namespace {
+
+using lt::testing::relErr;
+using lt::testing::runRanks;
+using lt::testing::Tol;
+
+// A source yielding a fixed list of batches per epoch.
+class ListSource : public lt::sp::BatchSource {
+ public:
+  explicit ListSource(std::vector<lt::data::Batch> b) : batches_(std::move(b)) {}
+  std::optional<lt::data::Batch> next() override {
+    if (i_ >= batches_.size()) return std::nullopt;
+    return batches_[i_++];
+  }
+  void reset() override { i_ = 0; }
+  int64_t length() const override { return static_cast<int64_t>(batches_.size()); }
+
+ private:
+  std::vector<lt::data::Batch> batches_;
+  size_t i_ = 0;
+};
+
+lt::data::Batch rowBatch(std::vector<int64_t> ids) {
+  lt::data::Batch b;
+  int64_t s = static_cast<int64_t>(ids.size());
+  b.input_ids = at::tensor(ids, at::kLong).view({1, s});
+  b.labels = b.input_ids.clone();
+  b.position_ids = at::arange(s, at::kLong).view({1, s});
+  return b;
+}
+
+std::vector<int64_t> row(const at::Tensor& t) {
+  auto c = t.contiguous();
+  return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
+}
+
+TEST(UlyssesLoader, DeepSpeedExample) {
+  runRanks(2, 2, [](int r, lt::comm::Groups& g) {
+    auto sample = r == 0 ? std::vector<int64_t>{1, 10, 10, 10, 2, 2} : std::vector<int64_t>{1, 20, 20, 20, 2, 2};
+    lt::sp::UlyssesLoader ul(std::make_unique<ListSource>(std::vector<lt::data::Batch>{rowBatch(sample)}), g.sp);
+    EXPECT_EQ(ul.length(), 2);
+    for (int epoch = 0; epoch < 2; ++epoch) {  // the second epoch runs too
+      for (int64_t v : {10, 20}) {
+        auto b = ul.next();
+        ASSERT_TRUE(b.has_value());
+        if (r == 0) {
+          EXPECT_EQ(row(b->input_ids), (std::vector<int64_t>{1, v, v}));
+          EXPECT_EQ(row(b->position_ids), (std::vector<int64_t>{0, 1, 2}));
+          EXPECT_EQ(row(b->shift_labels), (std::vector<int64_t>{v, v, v}));
+        } else {
+          EXPECT_EQ(row(b->input_ids), (std::vector<int64_t>{v, 2, 2}));
+          EXPECT_EQ(row(b->position_ids), (std::vector<int64_t>{3, 4, 5}));
+          EXPECT_EQ(row(b->shift_labels), (std::vector<int64_t>{2, 2, -100}));
+        }
+      }
+      EXPECT_FALSE(ul.next().has_value());  // end of epoch, source reset
+    }
+  });
+}
+
+void expectAllRanksThrow(std::function<lt::data::Batch(int)> make, const std::string& needle) {
+  std::vector<std::string> errs(2);
+  runRanks(2, 2, [&](int r, lt::comm::Groups& g) {
+    lt::sp::UlyssesLoader ul(std::make_unique<ListSource>(std::vector<lt::data::Batch>{make(r)}), g.sp);
+    try {
+      ul.next();
+    } catch (const lt::Error& e) {
+      errs[r] = e.what();
+    }
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_NE(errs[r].find(needle), std::string::npos) << "rank " << r << ": " << errs[r];
+}
+
+TEST(UlyssesLoader, Errors) {
+  expectAllRanksThrow([](int r) { return rowBatch(r == 1 ? std::vector<int64_t>{1, 2, 3, 4, 5}
+                                                         : std::vector<int64_t>{1, 2, 3, 4}); },
+                      "SP rank 1's batch has sequence length 5, not divisible by sequence_parallel_size=2");
+  expectAllRanksThrow([](int r) {
+    auto b = rowBatch({1, 2, 3, 4});
+    if (r == 0) b.position_ids = at::Tensor();
+    return b;
+  }, "SP rank 0's batch has no 'position_ids'");
+  expectAllRanksThrow([](int r) {
+    auto b = rowBatch({1, 2, 3, 4});
+    if (r == 1) b.labels = at::zeros({1, 6}, at::kLong);
+    return b;
+  }, "SP rank 1's batch: 'labels' (6) or 'position_ids' (4) length differs from 'input_ids' (4)");
+  expectAllRanksThrow([](int r) {
+    auto b = rowBatch({1, 2, 3, 4});
+    if (r == 1) b.labels = at::Tensor();
+    return b;
+  }, "SP rank 1's batch has no 'labels'");
+}
+
+TEST(Ulysses, HeadChecks) {
+  EXPECT_NO_THROW(lt::sp::checkHeads(8, 2, 4));  // KV replicated
+  EXPECT_NO_THROW(lt::sp::checkHeads(8, 8, 4));
+  EXPECT_THROW(lt::sp::checkHeads(6, 6, 4), lt::Error);
+  EXPECT_THROW(lt::sp::checkHeads(12, 3, 4), lt::Error);  // neither 3 % 4 nor 4 % 3
+}
+
+struct SpCase {
+  int p;
+  int64_t heads, kvHeads;
+};
+
+class UlyssesEquivalence : public ::testing::TestWithParam<SpCase> {};
+
+TEST_P(UlyssesEquivalence, LossAndGradientsMatchOneRank) {
+  at::set_num_threads(1);
+  const auto c = GetParam();
+  lt::model::ModelConfig mc;
+  mc.vocabSize = 40;
+  mc.hidden = 32;
+  mc.layers = 2;
+  mc.heads = c.heads;
+  mc.kvHeads = c.kvHeads;
+  mc.intermediate = 40;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  lt::data::Batch whole;
+  whole.input_ids = at::randint(mc.vocabSize, {2, 16}, gen, at::kLong);
+  whole.labels = whole.input_ids.clone();
+  whole.labels.index_put_({0, at::indexing::Slice(0, 5)}, -100);
+  whole.position_ids = at::arange(16, at::kLong).unsqueeze(0).expand({2, 16}).contiguous();
+  whole.shift_labels = lt::data::shiftLabels(whole.labels);
+  const double count = whole.shift_labels.ne(-100).sum().item<double>();
+
+  // Reference: one rank, whole batch.
+  lt::model::Model ref(mc, 3);
+  lt::compile::Executor rex(ref, lt::model::causalAttention, {});
+  lt::compile::RunOptions ro;
+  ro.lossDenominator = count;
+  auto rst = rex.run(lt::compile::baseProgram(ref.numBlocks(), false), whole, ro);
+
+  runRanks(c.p, c.p, [&](int r, lt::comm::Groups& g) {
+    lt::model::Model m(mc, 3);
+    lt::compile::Executor ex(m, lt::sp::ulyssesAttention(g.sp, lt::model::causalAttention), {});
+    auto shard = lt::sp::shardBatch(whole, r, c.p);
+    auto st = ex.run(lt::compile::baseProgram(m.numBlocks(), false), shard, ro);
+    auto loss = at::tensor({st.lossSum}, at::kDouble);
+    g.sp->allReduce(loss).wait();
+    EXPECT_LE(std::abs(loss.item<double>() - rst.lossSum) / rst.lossSum, Tol::kSequenceParallel);
+    auto params = m.parameters(), refParams = ref.parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto grad = params[i].grad().clone();
+      g.sp->allReduce(grad).wait();  // SP ranks hold partial gradients of every parameter
+      EXPECT_LE(relErr(grad, refParams[i].grad()), Tol::kSequenceParallel) << "rank " << r << " parameter " << i;
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Degrees, UlyssesEquivalence,
+                         ::testing::Values(SpCase{2, 4, 4}, SpCase{2, 4, 2}, SpCase{4, 4, 4},
+                                           SpCase{4, 8, 2} /* kv_heads < P: replicated */));
+
+TEST(UlyssesEngine, SpTimesDpEqualsOneRank) {
+  at::set_num_threads(1);
+  auto cfg = nlohmann::json::parse(R"({
+    "train_micro_batch_size_per_gpu": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
+    "gradient_clipping": 0.5,
+    "model": {"vocab_size": 64, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+              "intermediate_size": 48},
+    "data": {"seq_len": 32, "num_samples": 512, "eval_samples": 8,
+             "kv": {"num_pairs": 4, "num_queries": 4, "num_keys": 16, "num_values": 8, "num_noise": 8}},
+    "train": {"steps": 3}
+  })");
+  auto ref = cfg;
+  ref["gradient_accumulation_steps"] = 2;
+  std::vector<at::Tensor> expect;
+  std::vector<double> expectLoss;
+  double expectEval = 0;
+  runRanks(1, 1, [&](int, lt::comm::Groups& g) {
+    lt::train::Engine e(lt::train::parseConfig(ref, 1), g);
+    for (int s = 0; s < 3; ++s) expectLoss.push_back(e.step().loss);
+    expectEval = e.evaluate().loss;
+    for (auto& p : e.model().parameters()) expect.push_back(p.detach().clone());
+  });
+  for (int world : {2, 4}) {  // SP 2 x DP 1 (with accumulation 2), and SP 2 x DP 2
+    auto c = cfg;
+    c["sequence_parallel_size"] = 2;
+    if (world == 2) c["gradient_accumulation_steps"] = 2;
+    runRanks(world, 2, [&](int r, lt::comm::Groups& g) {
+      lt::train::Engine e(lt::train::parseConfig(c, world), g);
+      for (int s = 0; s < 3; ++s) {
+        double loss = e.step().loss;
+        EXPECT_LE(std::abs(loss - expectLoss[s]) / expectLoss[s], Tol::kSequenceParallel) << "step " << s;
+      }
+      EXPECT_LE(std::abs(e.evaluate().loss - expectEval) / expectEval, Tol::kSequenceParallel);
+      auto params = e.model().parameters();
+      for (size_t i = 0; i < params.size(); ++i)
+        EXPECT_LE(relErr(params[i], expect[i]), Tol::kAfterAdamSteps)
+            << "world " << world << " rank " << r << " parameter " << i;
+    });
+  }
+}
+
+}  // namespace

@@ -1,0 +1,222 @@
+// train/ + data/: data parallelism equals one rank with accumulation; config errors; the
+// DeepSpeed schedules; sampling covers every sample once per epoch whatever the rank count.
+#include <nlohmann/json.hpp>
+
+#include <set>
+
+#include "longtrain/core/check.h"
+#include "longtrain/data/data.h"
+#include "longtrain/train/config.h"
+#include "longtrain/train/engine.h"
+#include "longtrain/train/lr_schedule.h"
+#include "testing.h"
+
+namespace {
+
+using json = nlohmann::json;
+using lt::testing::relErr;
+using lt::testing::runRanks;
+using lt::testing::Tol;
+
+json smallConfig() {
+  return json::parse(R"({
+    "train_micro_batch_size_per_gpu": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
+    "gradient_clipping": 0.5,
+    "model": {"vocab_size": 64, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+              "intermediate_size": 48},
+    "data": {"seq_len": 32, "num_samples": 512, "eval_samples": 0,
+             "kv": {"num_pairs": 4, "num_queries": 4, "num_keys": 16, "num_values": 8, "num_noise": 8}},
+    "train": {"steps": 3}
+  })");
+}
+
+std::vector<at::Tensor> trainAndCollect(const lt::train::Config& c, lt::comm::Groups& g, int steps) {
+  lt::train::Engine e(c, g);
+  for (int s = 0; s < steps; ++s) e.step();
+  std::vector<at::Tensor> out;
+  for (auto& p : e.model().parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+class DataParallel : public ::testing::TestWithParam<int> {};
+
+TEST_P(DataParallel, EqualsOneRankWithAccumulation) {
+  at::set_num_threads(1);
+  const int n = GetParam();
+  json ref = smallConfig();
+  ref["gradient_accumulation_steps"] = n;
+  std::vector<at::Tensor> expect;
+  runRanks(1, 1, [&](int, lt::comm::Groups& g) { expect = trainAndCollect(lt::train::parseConfig(ref, 1), g, 3); });
+  json dp = smallConfig();  // same global batch: micro 2 x accum 1 x dp n
+  std::vector<std::vector<at::Tensor>> got(n);
+  runRanks(n, 1, [&](int r, lt::comm::Groups& g) { got[r] = trainAndCollect(lt::train::parseConfig(dp, n), g, 3); });
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < expect.size(); ++i) {
+      EXPECT_LE(relErr(got[r][i], expect[i]), Tol::kDataParallel) << "rank " << r << " parameter " << i;
+      EXPECT_TRUE(at::equal(got[r][i], got[0][i])) << "ranks disagree on parameter " << i;
+    }
+  // The step must actually have moved the parameters (a test that cannot fail is no test).
+  lt::model::Model init(lt::train::parseConfig(ref, 1).model, 1234);
+  EXPECT_GT(relErr(expect[0], init.parameters()[0]), 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DataParallel, ::testing::Values(2, 4));
+
+std::string errorOf(const json& j, int world = 1) {
+  try {
+    lt::train::parseConfig(j, world);
+  } catch (const lt::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, UnknownKeyNamesPathAndClosest) {
+  json j = smallConfig();
+  j["optimizer"]["params"]["weight_decy"] = 0.1;
+  auto e = errorOf(j);
+  EXPECT_NE(e.find("unknown config key 'optimizer.params.weight_decy'"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'optimizer.params.weight_decay'"), std::string::npos) << e;
+  json k = smallConfig();
+  k["train_batch"] = 4;
+  EXPECT_NE(errorOf(k).find("did you mean 'train_batch_size'"), std::string::npos) << errorOf(k);
+}
+
+TEST(Config, WrongTypeAndRange) {
+  json j = smallConfig();
+  j["model"]["num_layers"] = "two";
+  auto e = errorOf(j);
+  EXPECT_NE(e.find("'model.num_layers' must be an integer, got string \"two\""), std::string::npos) << e;
+  json k = smallConfig();
+  k["optimizer"]["params"]["lr"] = -1;
+  e = errorOf(k);
+  EXPECT_NE(e.find("'optimizer.params.lr' = -1 is out of range"), std::string::npos) << e;
+  json b = smallConfig();
+  b["optimizer"]["params"]["betas"] = {0.9};
+  EXPECT_NE(errorOf(b).find("betas' must be a list of two numbers"), std::string::npos);
+  json t = smallConfig();
+  t["optimizer"]["type"] = "Adagrad";
+  EXPECT_NE(errorOf(t).find("\"Adagrad\" is not one of \"AdamW\", \"Adam\""), std::string::npos) << errorOf(t);
+}
+
+TEST(Config, InconsistentBatchSizes) {
+  json j = smallConfig();
+  j["train_batch_size"] = 10;
+  j["gradient_accumulation_steps"] = 2;  // 2 x 2 x dp 2 = 8 != 10
+  auto e = errorOf(j, 2);
+  EXPECT_NE(e.find("inconsistent batch sizes: train_batch_size=10"), std::string::npos) << e;
+  // DeepSpeed's derivations: tb and micro give accumulation.
+  json k = smallConfig();
+  k["train_batch_size"] = 16;
+  auto c = lt::train::parseConfig(k, 2);
+  EXPECT_EQ(c.gradAccum, 4);
+  json none = smallConfig();
+  none.erase("train_micro_batch_size_per_gpu");
+  EXPECT_NE(errorOf(none).find("set train_batch_size or train_micro_batch_size_per_gpu"), std::string::npos);
+}
+
+TEST(Config, SetOverrides) {
+  json j = smallConfig();
+  lt::train::applyOverride(j, "zero_optimization.stage=3");
+  lt::train::applyOverride(j, "optimizer.type=Adam");
+  lt::train::applyOverride(j, "optimizer.params.betas=[0.8,0.9]");
+  EXPECT_EQ(j["zero_optimization"]["stage"], 3);
+  EXPECT_EQ(j["optimizer"]["type"], "Adam");
+  EXPECT_EQ(j["optimizer"]["params"]["betas"][1], 0.9);
+  EXPECT_THROW(lt::train::applyOverride(j, "noequals"), lt::Error);
+  EXPECT_THROW(lt::train::applyOverride(j, "optimizer.type.x=1"), lt::Error);  // type is a string
+}
+
+TEST(Schedule, WarmupLrAndCosineMatchDeepSpeedFormulas) {
+  lt::train::SchedulerConfig s;
+  s.type = "WarmupLR";
+  s.warmupMinLr = 0.0;
+  s.warmupMaxLr = 0.1;
+  s.warmupNumSteps = 10;
+  s.warmupType = "linear";
+  EXPECT_DOUBLE_EQ(lt::train::lrAt(s, 1.0, -1), 0.0);  // the first step runs at the start value
+  EXPECT_DOUBLE_EQ(lt::train::lrAt(s, 1.0, 5), 0.05);
+  EXPECT_DOUBLE_EQ(lt::train::lrAt(s, 1.0, 50), 0.1);
+  s.warmupType = "log";
+  EXPECT_NEAR(lt::train::lrAt(s, 1.0, 4), 0.1 * std::log(5.0) / std::log(10.0), 1e-15);
+  lt::train::SchedulerConfig c;
+  c.type = "WarmupCosineLR";
+  c.totalNumSteps = 110;
+  c.warmupNumSteps = 10;
+  c.warmupType = "linear";
+  c.cosMinRatio = 0.1;
+  EXPECT_DOUBLE_EQ(lt::train::lrAt(c, 2.0, 5), 1.0);
+  // Half-way through the decay: ratio = 0.1 + 0.9 * (1 + cos(pi/2)) / 2 = 0.55.
+  EXPECT_NEAR(lt::train::lrAt(c, 2.0, 59), 2.0 * 0.55, 1e-12);
+  EXPECT_NEAR(lt::train::lrAt(c, 2.0, 1000), 2.0 * 0.1, 1e-12);
+}
+
+TEST(Data, EpochCoversEverySampleOnceForAnyRankCount) {
+  lt::data::KvRecallOptions o;
+  o.seqLen = 32;
+  o.numSamples = 97;  // not a multiple of the global batch: the remainder is dropped per epoch
+  o.numPairs = 2;
+  o.numQueries = 2;
+  auto ds = std::make_shared<lt::data::KvRecallDataset>(o);
+  for (int dp : {1, 2, 4}) {
+    std::vector<int64_t> order;
+    // global batch 8 = micro 2 x accum (4/dp) x dp; collect samples in (step, accum, rank) order.
+    const int64_t accum = 4 / dp;
+    std::vector<std::unique_ptr<lt::data::Loader>> loaders;
+    for (int r = 0; r < dp; ++r) {
+      lt::data::LoaderOptions lo;
+      lo.microBatch = 2;
+      lo.gradAccum = accum;
+      lo.dpRank = r;
+      lo.dpSize = dp;
+      loaders.push_back(std::make_unique<lt::data::Loader>(ds, lo));
+    }
+    std::set<int64_t> seen;
+    for (int64_t step = 0; step < loaders[0]->stepsPerEpoch(); ++step)
+      for (int64_t j = 0; j < accum; ++j)
+        for (int r = 0; r < dp; ++r) {
+          auto idx = loaders[r]->peekIndices();
+          loaders[r]->next();
+          for (auto i : idx) {
+            EXPECT_TRUE(seen.insert(i).second) << "sample " << i << " duplicated (dp " << dp << ")";
+            order.push_back(i);
+          }
+        }
+    EXPECT_EQ(seen.size(), 96u);  // 12 steps x 8
+    static std::vector<int64_t> first;
+    std::vector<int64_t> sortedOrder = order;
+    if (dp == 1) first = order;
+    // The set of samples in each global batch is the same whatever the rank count.
+    for (size_t s = 0; s < 12; ++s) {
+      std::set<int64_t> a(first.begin() + 8 * s, first.begin() + 8 * (s + 1)),
+          b(order.begin() + 8 * s, order.begin() + 8 * (s + 1));
+      EXPECT_EQ(a, b) << "global batch " << s << " differs at dp " << dp;
+    }
+  }
+}
+
+TEST(Data, KvRecallSampleShape) {
+  lt::data::KvRecallOptions o;
+  o.seqLen = 64;
+  o.numPairs = 4;
+  o.numQueries = 3;
+  lt::data::KvRecallDataset ds(o);
+  auto s = ds.get(11);
+  EXPECT_EQ(s.ids.size(), 64u);
+  int scored = 0;
+  for (size_t i = 0; i < s.ids.size(); ++i)
+    if (s.labels[i] != lt::data::kIgnoreIndex) {
+      ++scored;
+      // The answer to a query equals the value stored right after the same key earlier on.
+      int64_t key = s.ids[i - 1];
+      bool found = false;
+      for (size_t p = 1; p + 1 < 1 + 2 * 4 + 1; p += 2)
+        if (s.ids[p] == key) found = s.ids[p + 1] == s.labels[i];
+      EXPECT_TRUE(found) << "position " << i;
+    }
+  EXPECT_EQ(scored, 3);
+  EXPECT_EQ(ds.get(11).ids, s.ids);  // deterministic
+}
+
+}  // namespace
