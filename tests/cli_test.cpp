@@ -93,6 +93,28 @@ TEST(Cli, TwoProcessesMatchOneWithAccumulation) {
   EXPECT_TRUE(b.back().contains("eval_accuracy"));
 }
 
+TEST(Cli, SequenceParallelMatchesOneProcess) {
+  json j = tinyConfig();
+  j["train"]["steps"] = 10;
+  auto cfg = writeConfig("sp.json", j);
+  auto dir = cfg.parent_path();
+  auto one = sh(kBin + " train " + cfg.string() + " --nproc 1 --metrics " + (dir / "sp1.jsonl").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  auto two = sh(kBin + " train " + cfg.string() + " --nproc 2 --set sequence_parallel_size=2 --metrics " +
+                (dir / "sp2.jsonl").string());
+  ASSERT_EQ(two.code, 0) << two.out;
+  auto a = readJsonl(dir / "sp1.jsonl"), b = readJsonl(dir / "sp2.jsonl");
+  ASSERT_EQ(a.size(), 10u);
+  ASSERT_EQ(b.size(), 10u);
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double la = a[i]["loss"], lb = b[i]["loss"];
+    worst = std::max(worst, std::abs(la - lb) / la);
+  }
+  EXPECT_LE(worst, 1e-3);
+  std::printf("SP=2 vs SP=1: worst relative loss difference over 10 steps %.3g\n", worst);
+}
+
 TEST(Cli, KilledRankFailsTheJobNamingIt) {
   json j = tinyConfig();
   j["train"]["steps"] = 50;

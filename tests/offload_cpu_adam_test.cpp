@@ -146,7 +146,8 @@ TEST_F(CpuAdamTest, DispatchPicksASupportedKernel) {
 }
 
 // Without bias correction and with a constant gradient g: m_t = (1 - b1^t) g and
-// v_t = (1 - b2^t) g^2, and with d = 1 - lr*wd, p_T = d^T p_0 - lr sum_t d^(T-t) m_t/(sqrt(v_t)+eps).
+// v_t = (1 - b2^t) g^2, and with d = 1 - lr*wd,
+// p_T = d^T p_0 - lr sum_t d^(T-t) m_t / (sqrt(v_t) + eps).
 TEST_F(CpuAdamTest, NoBiasCorrectionMatchesClosedForm) {
   AdamParams a;
   a.lr = 1e-3f;
@@ -221,7 +222,8 @@ TEST_F(CpuAdamTest, Bf16WithMasterEqualsFp32ThenRounding) {
     EXPECT_TRUE(bitEqual(s.m, ref.m));
     EXPECT_TRUE(bitEqual(s.v, ref.v));
     EXPECT_TRUE(at::equal(asInt32(pb), bf16Of(ref.p)));
-    EXPECT_TRUE(((widen(pb) - ref.p).abs() <= ref.p.abs() * std::ldexp(1.0, -8)).all().item<bool>());
+    const at::Tensor err = (widen(pb) - ref.p).abs();
+    EXPECT_TRUE((err <= ref.p.abs() * std::ldexp(1.0, -8)).all().item<bool>());
   }
 }
 

@@ -163,7 +163,11 @@ TEST_P(UlyssesEquivalence, LossAndGradientsMatchOneRank) {
 
 INSTANTIATE_TEST_SUITE_P(Degrees, UlyssesEquivalence,
                          ::testing::Values(SpCase{2, 4, 4}, SpCase{2, 4, 2}, SpCase{4, 4, 4},
-                                           SpCase{4, 8, 2} /* kv_heads < P: replicated */));
+                                           SpCase{4, 8, 2} /* kv_heads < P: replicated */),
+                         [](const ::testing::TestParamInfo<SpCase>& i) {
+                           return "P" + std::to_string(i.param.p) + "_H" + std::to_string(i.param.heads) + "_KV" +
+                                  std::to_string(i.param.kvHeads);
+                         });
 
 TEST(UlyssesEngine, SpTimesDpEqualsOneRank) {
   at::set_num_threads(1);

@@ -79,6 +79,8 @@ void Work::wait() {
   }
 }
 
+bool Work::ready() const { return !work_ || work_->isCompleted(); }
+
 // ---------------------------------------------------------------------------- Comm
 Comm::Comm(c10::intrusive_ptr<c10d::Store> store, int rank, int size, Options opts, std::string name,
            std::vector<int> globalRanks, std::shared_ptr<Liveness> liveness)

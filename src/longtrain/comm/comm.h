@@ -64,6 +64,8 @@ class Work {
   Work& operator=(Work&&) = default;
   // Waits for completion (then runs the local epilogue, if any). Throws lt::Error on failure.
   void wait();
+  // True when wait() would not block (completed, failed, or already waited).
+  bool ready() const;
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;

@@ -62,7 +62,7 @@ MicroBatchStats Executor::run(const Program& p, const data::Batch& batch, const 
         break;
       }
       case OpCode::OpReduceGrads:
-        if (o.boundary && hooks_.reduceGrads) hooks_.reduceGrads(in.group);
+        if (hooks_.reduceGrads) hooks_.reduceGrads(in.group, o.boundary);
         break;
       case OpCode::OpOptimizerStep:
         if (o.boundary && hooks_.optimizerStep) hooks_.optimizerStep();
@@ -86,6 +86,7 @@ MicroBatchStats Executor::evaluate(const Program& p, const data::Batch& batch) {
       st.lossSum = ls.sum.item<double>();
       st.tokens = ls.count;
       st.correct = ls.correct;
+      if (hooks_.release) hooks_.release(in.group);  // the head group, gathered for the loss
       break;  // the backward half does not run in evaluation
     }
   }

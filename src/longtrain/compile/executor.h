@@ -15,8 +15,10 @@ namespace lt::compile {
 
 struct Hooks {
   std::function<void(int group)> gather, release;  // may be empty (no ZeRO-3)
-  std::function<void(int group)> reduceGrads;      // may be empty (single rank)
-  std::function<void()> optimizerStep;
+  // Called after every micro-batch's backward of group g; `boundary` marks the last
+  // micro-batch of the optimizer step. May be empty (single rank without ZeRO).
+  std::function<void(int group, bool boundary)> reduceGrads;
+  std::function<void()> optimizerStep;  // boundary only
 };
 
 struct MicroBatchStats {
@@ -28,7 +30,7 @@ struct MicroBatchStats {
 struct RunOptions {
   double lossDenominator = 1;  // scored tokens over the SP group (the loss is sum/denominator)
   double gradScale = 1;        // 1 / gradient_accumulation_steps
-  bool boundary = true;        // run ReduceGrads / OptimizerStep
+  bool boundary = true;        // last micro-batch: OptimizerStep runs
 };
 
 class Executor {

@@ -17,7 +17,7 @@ enum class OpCode {
   OpLossAndGrad,        // loss of head(x_L); its gradient flows into x_L and the head group
   OpRecomputeBackward,  // recompute block g from kept x_g with grad, backprop dL/dx_{g+1}
   OpEmbedBackward,      // backprop dL/dx0 into the embedding
-  OpReduceGrads,        // start reducing group g's gradients (async); boundary only
+  OpReduceGrads,        // start reducing group g's gradients (async)
   OpOptimizerStep,      // wait for reductions, validate, step; boundary only
 };
 

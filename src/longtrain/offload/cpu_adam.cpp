@@ -1,7 +1,6 @@
-// CPU Adam: argument checks, per-step scalars, ISA dispatch, the chunked thread split, the
-// scalar reference kernel and CpuAdam's per-sub-group state. Non-obvious: this file is built
-// with the baseline flags and holds no intrinsics; the SIMD kernels live in files built with
-// their own -m flags and are reached only through the dispatch below.
+// CPU Adam: checks, per-step scalars, run-time ISA dispatch, the thread split, the scalar
+// reference kernel and CpuAdam's per-sub-group state. Non-obvious: this file has baseline flags
+// and no intrinsics; the SIMD kernels have their own -m flags and are reached only from here.
 #include "longtrain/offload/cpu_adam.h"
 
 #include <algorithm>
@@ -93,9 +92,25 @@ void parallelChunks(int64_t n, int threads, const Fn& fn) {
   fn(int64_t{0}, std::min(n, chunk));
 }
 
+float bf16ToFloat(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+uint16_t floatToBf16(float f) {
+  if (std::isnan(f)) return 0x7FC0;
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  bits += 0x7FFF + ((bits >> 16) & 1);  // round to nearest, ties to even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
 // The plain reference: each line is the scalar lambda of the libtorch op it names, in
-// libtorch's order (the SIMD kernels instead mirror libtorch's vector lambdas, whose add_
-// with alpha is an fma). Contraction stays off even under LONGTRAIN_NATIVE.
+// libtorch's order (the SIMD kernels mirror libtorch's vector lambdas instead, which fuse two
+// of these lines into fmas; see cpu_adam_avx2.cpp). Contraction stays off even under
+// LONGTRAIN_NATIVE, so the reference rounds the same way on every build.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
@@ -114,24 +129,6 @@ template <bool kL2>
 void scalarKernel(float* p, const float* g, float* m, float* v, int64_t n, const AdamCoeffs& c) {
   for (int64_t i = 0; i < n; ++i) p[i] = scalarUpdate<kL2>(p[i], g[i], m[i], v[i], c);
 }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC pop_options
-#endif
-
-float bf16ToFloat(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-uint16_t floatToBf16(float f) {
-  if (std::isnan(f)) return 0x7FC0;
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  bits += 0x7FFF + ((bits >> 16) & 1);  // round to nearest, ties to even
-  return static_cast<uint16_t>(bits >> 16);
-}
 
 template <bool kL2>
 void scalarKernelBf16(uint16_t* pBf16, float* pMaster, const float* g, float* m, float* v,
@@ -143,6 +140,10 @@ void scalarKernelBf16(uint16_t* pBf16, float* pMaster, const float* g, float* m,
     pBf16[i] = floatToBf16(p);
   }
 }
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
 
 void runKernel(AdamIsa isa, float* p, const float* g, float* m, float* v, int64_t n,
                const AdamCoeffs& c) {
@@ -239,8 +240,8 @@ CpuAdam::~CpuAdam() = default;
 
 int CpuAdam::addGroup(int64_t numel) {
   LT_CHECK(numel > 0, "CpuAdam::addGroup: numel = ", numel, "; expected a positive count");
-  const size_t bytes =
-      (static_cast<size_t>(numel) * sizeof(float) + 63) / 64 * 64;  // aligned_alloc wants a multiple
+  // aligned_alloc wants a multiple of the alignment.
+  const size_t bytes = (static_cast<size_t>(numel) * sizeof(float) + 63) / 64 * 64;
   auto alloc = [&] {
     Buffer b(static_cast<float*>(std::aligned_alloc(64, bytes)));
     LT_CHECK(b != nullptr, "CpuAdam::addGroup: cannot allocate ", bytes,

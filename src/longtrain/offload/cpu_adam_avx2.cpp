@@ -1,7 +1,6 @@
-// AVX2+FMA CPU Adam kernels (8 lanes), built with -mavx2 -mfma and reached only through the
-// dispatch in cpu_adam.cpp. Non-obvious: the tail goes through a zero-padded 8-lane block so
-// every element takes the same vector path (results do not depend on where a chunk ends), and
-// all helpers have internal linkage so no AVX2 copy of a shared inline function can leak.
+// AVX2+FMA CPU Adam kernels (8 lanes, -mavx2 -mfma), called only via cpu_adam.cpp's dispatch.
+// Non-obvious: the tail runs through a zero-padded 8-lane block, so every element takes the same
+// path; helpers have internal linkage, so no AVX2 copy of a shared inline function can leak.
 // GNU mode (-std=gnu++20) lets GCC fuse a separate mul and add into an FMA (-ffp-contract=fast),
 // which libtorch's separately rounded ops do not: after 10 steps that alone moved p by up to
 // 2.4e-6 from torch::optim::AdamW. Contraction is off; the FMAs libtorch has are written out.
@@ -39,7 +38,7 @@ __attribute__((always_inline)) inline __m256 update(__m256 p, __m256 g, __m256& 
   m = _mm256_fmadd_ps(g, c.oneMinusBeta1, _mm256_mul_ps(m, c.beta1));  // m.mul_(b1).add_(g, 1-b1)
   v = _mm256_fmadd_ps(_mm256_mul_ps(g, c.oneMinusBeta2), g,            // v.mul_(b2)
                       _mm256_mul_ps(v, c.beta2));                      //  .addcmul_(g, g, 1-b2)
-  const __m256 denom =                                                 // sqrt(v) / sqrt(bias2) + eps
+  const __m256 denom =  // sqrt(v) / sqrt(bias2) + eps
       _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), c.sqrtBias2), c.eps);
   return _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(c.negStepSize, m), denom));  // addcdiv_
 }
@@ -58,7 +57,8 @@ __attribute__((always_inline)) inline void bf16Store(uint16_t* dst, __m256 x) {
   const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
   r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(nan));
   // Every lane is <= 0xFFFF, so the saturating pack is exact.
-  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  const __m128i packed =
+      _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), packed);
 }
 
@@ -76,7 +76,9 @@ void fp32Kernel(float* p, const float* g, float* m, float* v, int64_t n, const A
   if (i == n) return;
   alignas(32) float tp[kLanes] = {}, tg[kLanes] = {}, tm[kLanes] = {}, tv[kLanes] = {};
   const int64_t r = n - i;
-  for (int64_t j = 0; j < r; ++j) tp[j] = p[i + j], tg[j] = g[i + j], tm[j] = m[i + j], tv[j] = v[i + j];
+  for (int64_t j = 0; j < r; ++j) {
+    tp[j] = p[i + j], tg[j] = g[i + j], tm[j] = m[i + j], tv[j] = v[i + j];
+  }
   __m256 mm = _mm256_load_ps(tm), vv = _mm256_load_ps(tv);
   _mm256_store_ps(tp, update<kL2>(_mm256_load_ps(tp), _mm256_load_ps(tg), mm, vv, c));
   _mm256_store_ps(tm, mm);

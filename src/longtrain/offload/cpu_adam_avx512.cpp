@@ -1,7 +1,6 @@
-// AVX-512 CPU Adam kernels (16 lanes), built with -mavx512f -mavx512bw -mfma and reached only
-// through the dispatch in cpu_adam.cpp (never on a CPU without avx512f+avx512bw). Non-obvious:
-// the tail uses masked loads/stores, so every element takes the same vector path, and all
-// helpers have internal linkage so no AVX-512 copy of a shared inline function can leak.
+// AVX-512 CPU Adam kernels (16 lanes, -mavx512f -mavx512bw -mfma), called only via cpu_adam.cpp's
+// dispatch. Non-obvious: the tail uses masked loads/stores, so every element takes the same path;
+// helpers have internal linkage, so no AVX-512 copy of a shared inline function can leak.
 // GCC 12's AVX-512 intrinsic headers trip a false -Wmaybe-uninitialized (their
 // `__m512 __Y = __Y;` placeholders, GCC bug 105593, fixed in GCC 13).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -37,14 +36,15 @@ __attribute__((always_inline)) inline __m512 update(__m512 p, __m512 g, __m512& 
   m = _mm512_fmadd_ps(g, c.oneMinusBeta1, _mm512_mul_ps(m, c.beta1));  // m.mul_(b1).add_(g, 1-b1)
   v = _mm512_fmadd_ps(_mm512_mul_ps(g, c.oneMinusBeta2), g,            // v.mul_(b2)
                       _mm512_mul_ps(v, c.beta2));                      //  .addcmul_(g, g, 1-b2)
-  const __m512 denom =                                                 // sqrt(v) / sqrt(bias2) + eps
+  const __m512 denom =  // sqrt(v) / sqrt(bias2) + eps
       _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), c.sqrtBias2), c.eps);
   return _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(c.negStepSize, m), denom));  // addcdiv_
 }
 
 __attribute__((always_inline)) inline __m512 bf16Load(const uint16_t* src, __mmask16 k) {
   // 16 bf16 values are 256 bits; the BW masked load of 32 halves keeps only the low 16.
-  const __m256i h = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(static_cast<__mmask32>(k), src));
+  const __m512i wide = _mm512_maskz_loadu_epi16(static_cast<__mmask32>(k), src);
+  const __m256i h = _mm512_castsi512_si256(wide);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 

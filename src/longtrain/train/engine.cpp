@@ -6,7 +6,11 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 
+#include <ATen/Parallel.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <thread>
 
 #include "longtrain/core/check.h"
 #include "longtrain/core/memory.h"
@@ -48,10 +52,13 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
     LT_CHECK(cfg_.data.seqLen % P == 0, "data.seq_len=", cfg_.data.seqLen, " is not divisible by ",
              "sequence_parallel_size=", P, "; choose a multiple of ", P);
   }
-  LT_CHECK(cfg_.zero.stage == 0, "zero_optimization.stage=", cfg_.zero.stage,
-           ": ZeRO partitioning is not available in this build yet; set 0 (plain data parallelism)");
-  LT_CHECK(cfg_.zero.offloadOptimizer.device == "none", "zero_optimization.offload_optimizer.device=\"",
-           cfg_.zero.offloadOptimizer.device, "\": optimizer offload is not available in this build yet; set \"none\"");
+  LT_CHECK(cfg_.zero.stage == 0 || cfg_.zero.stage == 3, "zero_optimization.stage=", cfg_.zero.stage,
+           ": stages 1 and 2 are not implemented; use 0 (plain data parallelism) or 3");
+  LT_CHECK(cfg_.zero.offloadOptimizer.device == "none" || cfg_.zero.stage == 3,
+           "zero_optimization.offload_optimizer.device=\"", cfg_.zero.offloadOptimizer.device,
+           "\" needs zero_optimization.stage=3");
+  LT_CHECK(!cfg_.zero.offloadOptimizer.superOffload || cfg_.zero.offloadOptimizer.device == "cpu",
+           "zero_optimization.offload_optimizer.super_offload=true needs offload_optimizer.device=\"cpu\"");
   model_ = std::make_unique<model::Model>(cfg_.model, cfg_.seed);
   train_ = makeDataset(cfg_, false);
   eval_ = cfg_.data.evalSamples > 0 ? makeDataset(cfg_, true) : nullptr;
@@ -72,7 +79,34 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
 
   auto params = model_->parameters();
   const auto& o = cfg_.optimizer;
-  if (o.type == "AdamW") {
+  if (cfg_.zero.stage == 3) {
+    zero::Zero3Options zo;
+    zo.subGroupSize = cfg_.zero.subGroupSize;
+    zo.gradientClipping = cfg_.gradientClipping;
+    zo.adam.lr = static_cast<float>(o.lr);
+    zo.adam.beta1 = static_cast<float>(o.beta1);
+    zo.adam.beta2 = static_cast<float>(o.beta2);
+    zo.adam.eps = static_cast<float>(o.eps);
+    zo.adam.weightDecay = static_cast<float>(o.weightDecay);
+    zo.adam.adamw = o.type == "AdamW";
+    const auto& off = cfg_.zero.offloadOptimizer;
+    zo.superOffload = off.superOffload;
+    zo.ratio = off.ratio;
+    const int cores = at::get_num_threads();
+    zo.workerCores = std::max(1, static_cast<int>(std::lround(off.cpuadamCoresPerc * cores)));
+    zo.workerTimeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.train.commTimeoutS * 1000));
+    if (zo.superOffload) {
+      // The worker gets its share of this rank's cores; the trainer keeps the rest.
+      zo.workerCores = std::min(zo.workerCores, std::max(1, cores - 1));
+      if (cores > 1) at::set_num_threads(cores - zo.workerCores);
+      if (const char* lr = std::getenv("LOCAL_RANK")) {  // process ranks own cores [l*c, (l+1)*c)
+        const int first = std::atoi(lr) * cores;
+        for (int c = cores - zo.workerCores; c < cores; ++c)
+          if (first + c < static_cast<int>(std::thread::hardware_concurrency())) zo.workerCpus.push_back(first + c);
+      }
+    }
+    zero_ = std::make_unique<zero::Zero3>(*model_, groups_.world, groups_.dp->size(), zo);
+  } else if (o.type == "AdamW") {
     opt_ = std::make_unique<torch::optim::AdamW>(
         params, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weightDecay));
   } else {
@@ -80,9 +114,15 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
         params, torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weightDecay));
   }
 
-  program_ = compile::baseProgram(model_->numBlocks(), /*zero3=*/false);
+  program_ = compile::baseProgram(model_->numBlocks(), /*zero3=*/zero_ != nullptr);
   compile::Hooks hooks;
-  if (groups_.world->size() > 1) hooks.reduceGrads = [this](int g) { reduceGrads(g); };
+  if (zero_) {
+    hooks.gather = [this](int g) { zero_->gather(g); };
+    hooks.release = [this](int g) { zero_->release(g); };
+    hooks.reduceGrads = [this](int g, bool boundary) { zero_->reduceGrads(g, boundary); };
+  } else if (groups_.world->size() > 1) {
+    hooks.reduceGrads = [this](int g, bool boundary) { reduceGrads(g, boundary); };
+  }
   hooks.optimizerStep = [this] { optimizerStep(); };
   model::AttentionFn attn = model::causalAttention;
   if (P > 1) attn = sp::ulyssesAttention(groups_.sp, model::causalAttention);
@@ -104,7 +144,15 @@ data::Batch Engine::nextMicroBatch() {
 
 double Engine::currentLr() const { return lrAt(cfg_.scheduler, cfg_.optimizer.lr, step_ - 1); }
 
-void Engine::reduceGrads(int group) {
+std::vector<at::Tensor> Engine::fullParameters() {
+  if (zero_) return zero_->fullParameters();
+  std::vector<at::Tensor> out;
+  for (auto& p : model_->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+void Engine::reduceGrads(int group, bool boundary) {
+  if (!boundary) return;  // without ZeRO, gradients accumulate whole until the boundary
   std::vector<at::Tensor> gs;
   for (const auto& p : model_->group(group)) gs.push_back(p.tensor.grad().reshape({-1}));
   auto flat = at::cat(gs);  // [group numel]
@@ -113,6 +161,11 @@ void Engine::reduceGrads(int group) {
 }
 
 void Engine::optimizerStep() {
+  if (zero_) {
+    lastZero_ = zero_->step();
+    lastGradNorm_ = lastZero_.gradNorm;
+    return;
+  }
   const double invDp = 1.0 / groups_.dp->size();
   while (!pending_.empty()) {
     PendingReduce r = pending_.pop();
@@ -133,7 +186,6 @@ void Engine::optimizerStep() {
     double coef = cfg_.gradientClipping / (lastGradNorm_ + 1e-6);  // PyTorch's clip_grad_norm_
     for (const auto& p : model_->parameters()) p.grad().mul_(coef);
   }
-  lastLr_ = currentLr();
   for (auto& g : opt_->param_groups()) g.options().set_lr(lastLr_);
   opt_->step();
   opt_->zero_grad();
@@ -142,6 +194,8 @@ void Engine::optimizerStep() {
 StepMetrics Engine::step() {
   auto t0 = std::chrono::steady_clock::now();
   ++step_;
+  lastLr_ = currentLr();
+  if (zero_) zero_->setLr(lastLr_);  // before backward: SuperOffload steps during it
   double lossSum = 0;  // sum over micro-batches of (local loss sum / SP-group denominator)
   int64_t tokens = 0, correct = 0;
   for (int64_t j = 0; j < cfg_.gradAccum; ++j) {
@@ -172,6 +226,9 @@ StepMetrics Engine::step() {
   m.gradNorm = lastGradNorm_;
   m.tokens = cfg_.trainBatchSize * train_->seqLen();
   m.peakRssBytes = static_cast<int64_t>(peak.item<double>());
+  m.skipped = lastZero_.skipped;
+  m.speculated = lastZero_.speculated;
+  m.rolledBack = lastZero_.rolledBack;
   m.stepTimeS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
 }

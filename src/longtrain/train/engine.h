@@ -17,6 +17,7 @@
 #include "longtrain/model/model.h"
 #include "longtrain/sp/ulysses.h"
 #include "longtrain/train/config.h"
+#include "longtrain/zero/zero3.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -33,6 +34,8 @@ struct StepMetrics {
   int64_t tokens = 0;      // tokens processed by all ranks in this step
   double stepTimeS = 0;
   int64_t peakRssBytes = 0;  // max over ranks
+  bool skipped = false;      // ZeRO-3: non-finite gradient, the step was rolled back
+  int speculated = 0, rolledBack = 0;  // SuperOffload sub-groups this step
 };
 
 struct EvalMetrics {
@@ -49,6 +52,9 @@ class Engine {
   EvalMetrics evaluate();
 
   const model::Model& model() const { return *model_; }
+  // Every parameter, whole (under ZeRO-3 gathered from the partitions: a collective).
+  std::vector<at::Tensor> fullParameters();
+  zero::Zero3* zero() { return zero_.get(); }
   const compile::Program& program() const { return program_; }
   int64_t globalStep() const { return step_; }
   const Config& config() const { return cfg_; }
@@ -57,7 +63,7 @@ class Engine {
 
  private:
   data::Batch nextMicroBatch();  // with shift_labels; this rank's shard under SP
-  void reduceGrads(int group);
+  void reduceGrads(int group, bool boundary);
   void optimizerStep();
   double currentLr() const;
 
@@ -68,6 +74,8 @@ class Engine {
   std::unique_ptr<data::Loader> loader_;         // SP = 1
   std::unique_ptr<sp::UlyssesLoader> ulysses_;  // SP > 1 (owns this rank's loader)
   std::unique_ptr<torch::optim::Optimizer> opt_;
+  std::unique_ptr<zero::Zero3> zero_;  // ZeRO stage 3 (replaces opt_)
+  zero::ZeroStepResult lastZero_;
   compile::Program program_;
   std::unique_ptr<compile::Executor> exec_;
 

@@ -73,6 +73,18 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
                          {"train_accuracy", m.accuracy}, {"tokens", m.tokens},
                          {"step_time_s", m.stepTimeS}, {"tokens_per_s", m.tokens / m.stepTimeS},
                          {"peak_rss_bytes", m.peakRssBytes}};
+        if (auto* z = engine.zero()) {
+          const auto& l = z->ledger();
+          j["skipped_steps"] = z->skippedSteps();
+          j["zero_param_bytes"] = l.paramBytes;
+          j["zero_grad_bytes"] = l.gradBytes;
+          j["zero_optim_bytes"] = l.optimBytes;
+          j["zero_rollback_bytes"] = l.rollbackBytes;
+          j["zero_gathered_peak_bytes"] = l.gatheredPeakBytes;
+          j["zero_unpartitioned_bytes"] = l.unpartitionedBytes;
+          j["speculated_subgroups"] = m.speculated;
+          j["rolled_back_subgroups"] = m.rolledBack;
+        }
         if (evalNow) {
           j["eval_loss"] = e.loss;
           j["eval_accuracy"] = e.accuracy;

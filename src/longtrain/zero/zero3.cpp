@@ -1,0 +1,289 @@
+// ZeRO-3 partitions, IPG buckets, SuperOffload worker and validation. Threads: the trainer
+// thread runs everything but the worker's Adam steps; the two meet only through the task
+// and result channels, and a sub-group's buffers are touched by one side at a time (the
+// trainer hands a sub-group over after its gradient is final, and takes it back in step()).
+#include "longtrain/zero/zero3.h"
+
+#include <ATen/ATen.h>
+#include <pthread.h>
+#include <sched.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "longtrain/core/check.h"
+
+namespace lt::zero {
+
+Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSize, Zero3Options o)
+    : world_(std::move(world)), dpSize_(dpSize), o_(std::move(o)) {
+  const int W = world_->size(), r = world_->rank();
+  // Parameters in model order, cut into sub-groups of at most subGroupSize elements.
+  groupParams_.resize(m.numGroups());
+  int64_t sgNumel = 0;
+  for (int g = 0; g < m.numGroups(); ++g)
+    for (const auto& np : m.group(g)) {
+      ParamInfo pi;
+      pi.group = g;
+      pi.tensor = np.tensor;
+      pi.shape = np.tensor.sizes().vec();
+      pi.numel = np.tensor.numel();
+      pi.chunk = (pi.numel + W - 1) / W;
+      if (subGroups_.empty() || (sgNumel + pi.numel > o_.subGroupSize && sgNumel > 0)) {
+        subGroups_.emplace_back();
+        sgNumel = 0;
+      }
+      sgNumel += pi.numel;
+      auto& sg = subGroups_.back();
+      pi.subGroup = static_cast<int>(subGroups_.size()) - 1;
+      pi.offset = sg.partNumel;
+      sg.partNumel += pi.chunk;
+      sg.params.push_back(static_cast<int>(params_.size()));
+      groupParams_[g].push_back(static_cast<int>(params_.size()));
+      params_.push_back(pi);
+      ledger_.unpartitionedBytes += pi.numel * 16;
+    }
+  adam_ = std::make_unique<offload::CpuAdam>(o_.adam, std::max(1, o_.workerCores));
+  const int n = numSubGroups();
+  const int offloaded = o_.superOffload ? static_cast<int>(std::lround(o_.ratio * n)) : 0;
+  std::vector<int> counts;
+  for (int s = 0; s < n; ++s) {
+    auto& sg = subGroups_[s];
+    sg.master = at::zeros({sg.partNumel}, at::kFloat);
+    sg.grad = at::zeros({sg.partNumel}, at::kFloat);
+    sg.adamGroup = adam_->addGroup(sg.partNumel);
+    // Backward completes the last sub-groups first: offloading those overlaps the most.
+    sg.offloaded = s >= n - offloaded;
+    counts.push_back(static_cast<int>(sg.params.size()));
+    ledger_.paramBytes += sg.partNumel * 4;
+    ledger_.gradBytes += sg.partNumel * 4;
+    ledger_.optimBytes += sg.partNumel * 8;
+    if (sg.offloaded) ledger_.rollbackBytes += sg.partNumel * 12;
+  }
+  // Keep this rank's chunk of every (identically initialized) parameter, then free the rest.
+  for (auto& pi : params_) {
+    auto flat = pi.tensor.detach().reshape({-1});
+    int64_t lo = std::min(pi.numel, r * pi.chunk), hi = std::min(pi.numel, (r + 1) * pi.chunk);
+    if (hi > lo) subGroups_[pi.subGroup].master.narrow(0, pi.offset, hi - lo).copy_(flat.slice(0, lo, hi));
+    pi.tensor.set_data(at::empty({0}, pi.tensor.options()));
+  }
+  buckets_ = std::make_unique<IpgBuckets>(counts, [this](int sg, std::vector<GradItem>& items) { onBucket(sg, items); });
+  if (offloaded > 0) worker_ = std::thread([this] { workerLoop(); });
+}
+
+Zero3::~Zero3() {
+  tasks_.close();
+  if (worker_.joinable()) worker_.join();
+}
+
+void Zero3::setLr(double lr) { adam_->setLr(static_cast<float>(lr)); }
+
+// ---------------------------------------------------------------------------- gather/release
+void Zero3::gather(int group) {
+  const int W = world_->size();
+  std::vector<comm::Work> works;
+  std::vector<at::Tensor> outs;
+  for (int i : groupParams_[group]) {
+    auto& pi = params_[i];
+    if (pi.tensor.numel() == pi.numel) continue;  // already gathered
+    auto out = at::empty({W * pi.chunk}, at::kFloat);
+    works.push_back(world_->allGather(out, subGroups_[pi.subGroup].master.narrow(0, pi.offset, pi.chunk)));
+    outs.push_back(out);
+  }
+  size_t k = 0;
+  for (int i : groupParams_[group]) {
+    auto& pi = params_[i];
+    if (pi.tensor.numel() == pi.numel) continue;
+    works[k].wait();
+    pi.tensor.set_data(outs[k].narrow(0, 0, pi.numel).view(pi.shape));
+    ledger_.gatheredBytes += pi.numel * 4;
+    ++k;
+  }
+  ledger_.gatheredPeakBytes = std::max(ledger_.gatheredPeakBytes, ledger_.gatheredBytes);
+}
+
+void Zero3::release(int group) {
+  for (int i : groupParams_[group]) {
+    auto& pi = params_[i];
+    if (pi.tensor.numel() != pi.numel) continue;
+    pi.tensor.set_data(at::empty({0}, pi.tensor.options()));
+    ledger_.gatheredBytes -= pi.numel * 4;
+  }
+}
+
+std::vector<at::Tensor> Zero3::fullParameters() {
+  const int W = world_->size();
+  std::vector<at::Tensor> out;
+  for (auto& pi : params_) {
+    auto full = at::empty({W * pi.chunk}, at::kFloat);
+    world_->allGather(full, subGroups_[pi.subGroup].master.narrow(0, pi.offset, pi.chunk)).wait();
+    out.push_back(full.narrow(0, 0, pi.numel).view(pi.shape).clone());
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------- gradients
+void Zero3::reduceGrads(int group, bool boundary) {
+  boundary_ = boundary;
+  for (int i : groupParams_[group]) {
+    auto& pi = params_[i];
+    at::Tensor g = pi.tensor.grad();
+    if (!g.defined()) continue;  // no gradient this micro-step: counts as zero in finish()
+    pi.tensor.mutable_grad() = at::Tensor();  // the full gradient lives only in its bucket now
+    buckets_->add({i, pi.subGroup, g});
+  }
+  if (group == static_cast<int>(groupParams_.size()) - 1) {  // the head group is reduced last
+    buckets_->finish();
+    buckets_->resetStep();
+  }
+  pollReduces(false);
+}
+
+void Zero3::onBucket(int sgId, std::vector<GradItem>& items) {
+  const int W = world_->size();
+  auto& sg = subGroups_[sgId];
+  // send row j = chunk j of every parameter of the sub-group, so one reduce-scatter hands
+  // rank j exactly its partition. Missing gradients stay zero.
+  auto send = at::zeros({W, sg.partNumel}, at::kFloat);
+  for (auto& it : items) {
+    auto& pi = params_[it.param];
+    auto padded = at::zeros({W * pi.chunk}, at::kFloat);
+    padded.narrow(0, 0, pi.numel).copy_(it.grad.reshape({-1}));
+    send.narrow(1, pi.offset, pi.chunk).copy_(padded.view({W, pi.chunk}));
+    it.grad = at::Tensor();
+  }
+  auto recv = at::empty({sg.partNumel}, at::kFloat);
+  comm::Work w = world_->reduceScatter(recv, send.view({-1}));
+  pending_.push({sgId, boundary_, recv, std::move(w)});
+}
+
+void Zero3::pollReduces(bool block) {
+  while (!pending_.empty() && (block || pending_.front().work.ready())) {
+    PendingReduce r = pending_.pop();
+    finishReduce(r);
+  }
+}
+
+void Zero3::finishReduce(PendingReduce& r) {
+  r.work.wait();
+  subGroups_[r.subGroup].grad.add_(r.recv, 1.0 / dpSize_);
+  if (r.boundary) gradFinal(r.subGroup);
+}
+
+void Zero3::gradFinal(int sgId) {
+  auto& sg = subGroups_[sgId];
+  if (inject_ && inject_->first == sgId) {
+    sg.grad[0] = inject_->second;
+    inject_.reset();
+  }
+  if (!sg.offloaded) return;  // stepped in step(), after validation
+  sg.speculated = true;
+  ++dispatched_;
+  LT_ASSERT(tasks_.push({sgId}), "the SuperOffload worker is closed");
+}
+
+// ---------------------------------------------------------------------------- Adam
+void Zero3::stepSubGroup(int sgId, int /*threads*/) {
+  auto& sg = subGroups_[sgId];
+  adam_->step(sg.adamGroup, sg.master.data_ptr<float>(), sg.grad.data_ptr<float>());
+}
+
+void Zero3::snapshot(int sgId) {
+  auto& sg = subGroups_[sgId];
+  if (!sg.backupMaster.defined()) {
+    sg.backupMaster = at::empty({sg.partNumel}, at::kFloat);
+    sg.backupM = at::empty({sg.partNumel}, at::kFloat);
+    sg.backupV = at::empty({sg.partNumel}, at::kFloat);
+  }
+  const size_t bytes = sg.partNumel * sizeof(float);
+  std::memcpy(sg.backupMaster.data_ptr<float>(), sg.master.data_ptr<float>(), bytes);
+  std::memcpy(sg.backupM.data_ptr<float>(), adam_->expAvg(sg.adamGroup), bytes);
+  std::memcpy(sg.backupV.data_ptr<float>(), adam_->expAvgSq(sg.adamGroup), bytes);
+  sg.backupStep = adam_->stepCount(sg.adamGroup);
+}
+
+void Zero3::rollback(int sgId) {
+  auto& sg = subGroups_[sgId];
+  const size_t bytes = sg.partNumel * sizeof(float);
+  std::memcpy(sg.master.data_ptr<float>(), sg.backupMaster.data_ptr<float>(), bytes);
+  std::memcpy(adam_->expAvg(sg.adamGroup), sg.backupM.data_ptr<float>(), bytes);
+  std::memcpy(adam_->expAvgSq(sg.adamGroup), sg.backupV.data_ptr<float>(), bytes);
+  adam_->setStepCount(sg.adamGroup, sg.backupStep);
+}
+
+void Zero3::workerLoop() {
+  if (!o_.workerCpus.empty()) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : o_.workerCpus) CPU_SET(c, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof set, &set);  // the kernel's threads inherit it
+  }
+  while (auto t = tasks_.pop()) {
+    try {
+      snapshot(t->subGroup);
+      stepSubGroup(t->subGroup, o_.workerCores);
+      results_.push(int(t->subGroup));
+    } catch (...) {
+      results_.push(-1 - t->subGroup);
+    }
+  }
+}
+
+void Zero3::drainResults(int expected) {
+  for (int k = 0; k < expected; ++k) {
+    auto res = results_.popFor(o_.workerTimeout);
+    if (!res) {
+      std::string missing;
+      for (int s = 0; s < numSubGroups(); ++s)
+        if (subGroups_[s].speculated) missing += (missing.empty() ? "" : ", ") + std::to_string(s);
+      LT_CHECK(false, "SuperOffload: CPU Adam results missing after ", o_.workerTimeout.count(),
+               " ms; outstanding sub-group(s) among: ", missing);
+    }
+    LT_CHECK(*res >= 0, "SuperOffload: the CPU Adam step of sub-group ", -1 - *res, " failed");
+  }
+}
+
+ZeroStepResult Zero3::step() {
+  pollReduces(/*block=*/true);
+  drainResults(dispatched_);
+  ZeroStepResult res;
+  res.speculated = dispatched_;
+  dispatched_ = 0;
+
+  // Global norm and finite check over every rank's partitions (disjoint, so a plain sum).
+  double sq = 0;
+  for (auto& sg : subGroups_) sq += sg.grad.to(at::kDouble).pow(2).sum().item<double>();
+  auto stats = at::tensor({sq}, at::kDouble);
+  world_->allReduce(stats).wait();
+  res.gradNorm = std::sqrt(stats.item<double>());
+  const bool finite = std::isfinite(res.gradNorm);
+  const bool clip = finite && o_.gradientClipping > 0 && res.gradNorm > o_.gradientClipping;
+
+  if (!finite || clip) {
+    for (int s = 0; s < numSubGroups(); ++s)
+      if (subGroups_[s].speculated) {
+        rollback(s);
+        subGroups_[s].speculated = false;
+        ++res.rolledBack;
+      }
+  }
+  if (!finite) {
+    res.skipped = true;
+    ++skipped_;
+  } else {
+    if (clip) {
+      res.clipped = true;
+      const double coef = o_.gradientClipping / (res.gradNorm + 1e-6);  // PyTorch's clip_grad_norm_
+      for (auto& sg : subGroups_) sg.grad.mul_(coef);
+    }
+    for (int s = 0; s < numSubGroups(); ++s)
+      if (!subGroups_[s].speculated) stepSubGroup(s, o_.workerCores);
+  }
+  for (auto& sg : subGroups_) {
+    sg.grad.zero_();
+    sg.speculated = false;
+  }
+  return res;
+}
+
+}  // namespace lt::zero

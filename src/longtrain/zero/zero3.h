@@ -1,0 +1,151 @@
+// ZeRO stage 3 with SuperOffload (DeepSpeed stage3.py + superoffload/). Every parameter is
+// partitioned over the world (padded to a multiple of it; rank r owns chunk r). Parameters
+// are grouped, in model order, into optimizer sub-groups of at most sub_group_size elements
+// (a parameter is never split between sub-groups); each sub-group's fp32 master, gradient
+// and Adam state partitions are flat buffers.
+// - gather(g) all-gathers block g's parameters into full tensors; release(g) frees them.
+// - reduceGrads(g) hands block g's full gradients to the IPG buckets (one per sub-group,
+//   waiting gradients in an O(1) Fifo); a completed bucket is reduce-scattered (async) into
+//   the sub-group's gradient partition, and the full gradients are freed.
+// - With super_offload, a sub-group whose gradient is final is stepped at once by the CPU
+//   Adam worker (its own pinned cores) while backward goes on, before the global norm and
+//   the finite check are known (speculation). step() validates: on a non-finite gradient it
+//   rolls every speculated sub-group back and skips the step; above gradient_clipping it
+//   rolls back, clips and re-steps. Rollback restores a copy taken before the speculative
+//   step, so it is exact (DeepSpeed inverts Adam algebraically, which is not).
+// Gradients are summed over the world (SP ranks' partial gradients and DP ranks) and
+// divided by the DP size, as the non-ZeRO engine does.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "longtrain/comm/comm.h"
+#include "longtrain/core/channel.h"
+#include "longtrain/core/fifo.h"
+#include "longtrain/model/model.h"
+#include "longtrain/offload/cpu_adam.h"
+#include "longtrain/zero/ipg_bucket.h"
+
+namespace lt::zero {
+
+struct Zero3Options {
+  int64_t subGroupSize = 1000000000;
+  double gradientClipping = 0;   // 0: off
+  offload::AdamParams adam;
+  bool superOffload = false;     // speculative CPU Adam on a worker during backward
+  double ratio = 1.0;            // share of sub-groups the worker steps (the rest step in step())
+  int workerCores = 1;           // CPU Adam threads (cpuadam_cores_perc x the rank's cores)
+  std::vector<int> workerCpus;   // CPUs to pin the worker to (empty: no pinning)
+  std::chrono::milliseconds workerTimeout{60000};
+};
+
+// Bytes this rank holds, by kind (the memory ledger).
+struct Ledger {
+  int64_t paramBytes = 0;      // fp32 master partitions
+  int64_t gradBytes = 0;       // fp32 gradient partitions
+  int64_t optimBytes = 0;      // Adam m and v partitions
+  int64_t rollbackBytes = 0;   // copies kept for exact rollback (super_offload only)
+  int64_t gatheredBytes = 0;   // full parameters gathered right now
+  int64_t gatheredPeakBytes = 0;
+  int64_t unpartitionedBytes = 0;  // params + grads + Adam states of the whole model, fp32
+};
+
+struct ZeroStepResult {
+  double gradNorm = 0;
+  bool skipped = false;      // non-finite gradient: nothing changed
+  bool clipped = false;
+  int speculated = 0;        // sub-groups stepped speculatively
+  int rolledBack = 0;
+};
+
+class Zero3 {
+ public:
+  Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSize, Zero3Options o);
+  ~Zero3();
+  Zero3(const Zero3&) = delete;
+  Zero3& operator=(const Zero3&) = delete;
+
+  void gather(int group);
+  void release(int group);
+  // boundary: the last micro-batch of the optimizer step (gradients become final).
+  void reduceGrads(int group, bool boundary);
+  // lr is the learning rate of the step being taken; call setLr before backward so that
+  // speculative steps use it.
+  void setLr(double lr);
+  ZeroStepResult step();
+
+  const Ledger& ledger() const { return ledger_; }
+  int numSubGroups() const { return static_cast<int>(subGroups_.size()); }
+  int64_t skippedSteps() const { return skipped_; }
+  // This rank's fp32 partition of every parameter, gathered to full tensors (for tests).
+  std::vector<at::Tensor> fullParameters();
+  // Injects a value into this rank's gradient partition of sub-group sg at the next step
+  // boundary (testing hook for the rollback path).
+  void injectGradValue(int subGroup, float value) { inject_ = {subGroup, value}; }
+  offload::CpuAdam& adam() { return *adam_; }
+  at::Tensor masterPartition(int sg) { return subGroups_[sg].master; }
+
+ private:
+  struct ParamInfo {
+    int group, subGroup;
+    at::Tensor tensor;  // the model's parameter (full between gather and release)
+    std::vector<int64_t> shape;
+    int64_t numel, chunk;  // chunk = ceil(numel / world)
+    int64_t offset;        // of this parameter's chunk in its sub-group's flat partition
+  };
+  struct SubGroup {
+    std::vector<int> params;
+    int64_t partNumel = 0;   // sum of the params' chunks
+    at::Tensor master, grad; // [partNumel] fp32
+    at::Tensor backupMaster, backupM, backupV;  // rollback copies (super_offload)
+    int64_t backupStep = 0;
+    int adamGroup = -1;
+    bool offloaded = false;  // stepped by the worker
+    bool speculated = false; // stepped this step, not validated yet
+  };
+  struct PendingReduce {
+    int subGroup;
+    bool boundary;
+    at::Tensor recv;  // [partNumel]
+    comm::Work work;
+  };
+  struct Task {
+    int subGroup;
+  };
+
+  void onBucket(int sg, std::vector<GradItem>& items);
+  void pollReduces(bool block);
+  void finishReduce(PendingReduce& r);
+  void gradFinal(int sg);
+  void stepSubGroup(int sg, int threads);  // the trainer-side or worker-side Adam step
+  void snapshot(int sg);
+  void rollback(int sg);
+  void workerLoop();
+  void drainResults(int expected);
+
+  std::shared_ptr<comm::Comm> world_;
+  int dpSize_;
+  Zero3Options o_;
+  std::vector<ParamInfo> params_;
+  std::vector<std::vector<int>> groupParams_;  // model group -> param indices
+  std::vector<SubGroup> subGroups_;
+  std::unique_ptr<offload::CpuAdam> adam_;
+  std::unique_ptr<IpgBuckets> buckets_;
+  Fifo<PendingReduce> pending_;
+  bool boundary_ = false;
+  int dispatched_ = 0;
+  Ledger ledger_;
+  int64_t skipped_ = 0;
+  std::optional<std::pair<int, float>> inject_;
+
+  Channel<Task> tasks_;
+  Channel<int> results_;  // sub-group ids stepped by the worker (-1 - sg on failure)
+  std::thread worker_;
+};
+
+}  // namespace lt::zero
