@@ -64,8 +64,14 @@ TEST(StepProgram, CheckpointedEqualsPlainAutograd) {
 TEST(StepProgram, BaseListing) {
   auto p = lt::compile::baseProgram(2, false);
   EXPECT_EQ(p.listing(),
-            "Embed(2)\nForward(0)\nForward(1)\nLossAndGrad(2)\nRecomputeBackward(1)\nReduceGrads(1)\n"
-            "RecomputeBackward(0)\nReduceGrads(0)\nEmbedBackward(2)\nReduceGrads(2)\nOptimizerStep\n");
+            "Embed(3)\nForward(0)\nForward(1)\nLossAndGrad(2)\nReduceGrads(2)\nRecomputeBackward(1)\n"
+            "ReduceGrads(1)\nRecomputeBackward(0)\nReduceGrads(0)\nEmbedBackward(3)\nReduceGrads(3)\n"
+            "OptimizerStep\n");
+  auto z = lt::compile::baseProgram(1, true, /*tied=*/true);
+  EXPECT_EQ(z.listing(),
+            "Gather(2)\nEmbed(2)\nRelease(2)\nGather(0)\nForward(0)\nRelease(0)\nGather(2)\nGather(1)\n"
+            "LossAndGrad(1)\nReduceGrads(1)\nRelease(1)\nRelease(2)\nGather(0)\nRecomputeBackward(0)\n"
+            "ReduceGrads(0)\nRelease(0)\nEmbedBackward(2)\nReduceGrads(2)\nOptimizerStep\n");
 }
 
 TEST(Model, InitIsDeterministicFromSeed) {
@@ -75,7 +81,7 @@ TEST(Model, InitIsDeterministicFromSeed) {
   lt::model::Model a(mc, 5), b(mc, 5), c(mc, 6);
   auto pa = a.parameters(), pb = b.parameters(), pc = c.parameters();
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::equal(pa[i], pb[i]));
-  EXPECT_FALSE(at::equal(pa[1], pc[1]));  // [0] is a norm weight (ones)
+  EXPECT_FALSE(at::equal(pa[0], pc[0]));  // the embedding
   EXPECT_EQ(static_cast<int64_t>(at::cat([&] {
               std::vector<at::Tensor> v;
               for (auto& p : pa) v.push_back(p.reshape({-1}));

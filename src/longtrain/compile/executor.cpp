@@ -55,8 +55,7 @@ MicroBatchStats Executor::run(const Program& p, const data::Batch& batch, const 
         break;
       }
       case OpCode::OpEmbedBackward: {
-        auto e = model_.embed(batch.input_ids);
-        e.backward(grad);
+        model_.embedBackward(batch.input_ids, grad);
         grad = at::Tensor();
         kept[0] = at::Tensor();
         break;
@@ -76,9 +75,11 @@ MicroBatchStats Executor::evaluate(const Program& p, const data::Batch& batch) {
   at::NoGradGuard ng;
   at::Tensor x;
   MicroBatchStats st;
+  bool backwardHalf = false;  // after the loss only Release runs (to free what the loss used)
   for (const Instr& in : p.code) {
+    if (in.op == OpCode::OpRelease && hooks_.release) hooks_.release(in.group);
+    if (backwardHalf) continue;
     if (in.op == OpCode::OpGather && hooks_.gather) hooks_.gather(in.group);
-    else if (in.op == OpCode::OpRelease && hooks_.release) hooks_.release(in.group);
     else if (in.op == OpCode::OpEmbed) x = model_.embed(batch.input_ids);
     else if (in.op == OpCode::OpForward) x = model_.block(in.group, x, batch.position_ids, attn_);
     else if (in.op == OpCode::OpLossAndGrad) {
@@ -86,8 +87,7 @@ MicroBatchStats Executor::evaluate(const Program& p, const data::Batch& batch) {
       st.lossSum = ls.sum.item<double>();
       st.tokens = ls.count;
       st.correct = ls.correct;
-      if (hooks_.release) hooks_.release(in.group);  // the head group, gathered for the loss
-      break;  // the backward half does not run in evaluation
+      backwardHalf = true;
     }
   }
   return st;

@@ -30,27 +30,34 @@ std::string Program::listing() const {
   return out;
 }
 
-Program baseProgram(int numBlocks, bool zero3) {
+Program baseProgram(int numBlocks, bool zero3, bool tiedEmbeddings) {
   Program p;
-  const int head = numBlocks;
+  const int head = numBlocks, embed = numBlocks + 1;
   auto emit = [&](OpCode op, int g = -1) { p.code.push_back({op, g}); };
-  if (zero3) emit(OpCode::OpGather, head);
-  emit(OpCode::OpEmbed, head);
+  auto gather = [&](int g) { if (zero3) emit(OpCode::OpGather, g); };
+  auto release = [&](int g) { if (zero3) emit(OpCode::OpRelease, g); };
+  gather(embed);
+  emit(OpCode::OpEmbed, embed);
+  release(embed);
   for (int b = 0; b < numBlocks; ++b) {
-    if (zero3) emit(OpCode::OpGather, b);
+    gather(b);
     emit(OpCode::OpForward, b);
-    if (zero3) emit(OpCode::OpRelease, b);
+    release(b);
   }
+  if (tiedEmbeddings) gather(embed);
+  gather(head);
   emit(OpCode::OpLossAndGrad, head);
+  emit(OpCode::OpReduceGrads, head);  // final norm and LM head: their gradients are complete
+  release(head);
+  if (tiedEmbeddings) release(embed);
   for (int b = numBlocks - 1; b >= 0; --b) {
-    if (zero3) emit(OpCode::OpGather, b);
+    gather(b);
     emit(OpCode::OpRecomputeBackward, b);
     emit(OpCode::OpReduceGrads, b);
-    if (zero3) emit(OpCode::OpRelease, b);
+    release(b);
   }
-  emit(OpCode::OpEmbedBackward, head);
-  emit(OpCode::OpReduceGrads, head);
-  if (zero3) emit(OpCode::OpRelease, head);
+  emit(OpCode::OpEmbedBackward, embed);  // reads no weights: nothing to gather
+  emit(OpCode::OpReduceGrads, embed);
   emit(OpCode::OpOptimizerStep);
   return p;
 }

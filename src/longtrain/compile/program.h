@@ -1,5 +1,5 @@
 // The step program (DESIGN.md): one micro-batch's forward, loss and backward as an explicit
-// list of instructions over parameter groups (blocks 0..L-1, then the head group L), plus the
+// list of instructions over parameter groups (blocks 0..L-1, head L, embed L+1), plus the
 // gradient reduction and optimizer step at the accumulation boundary. Compile passes rewrite
 // this list; the executor runs it. Block activations are checkpointed: Forward keeps only
 // each block's input, RecomputeBackward recomputes the block with grad and backpropagates.
@@ -33,8 +33,9 @@ struct Program {
 
 const char* opName(OpCode op);
 
-// The base program for `numBlocks` blocks; head group = numBlocks. With zero3 the Gather /
-// Release instructions around each use are present (the `zero3` pass's lowering).
-Program baseProgram(int numBlocks, bool zero3);
+// The base program for `numBlocks` blocks (head group = numBlocks, embed = numBlocks + 1).
+// With zero3 the Gather / Release instructions around each use are present (the `zero3`
+// pass's lowering). With tiedEmbeddings the loss also uses the embed group.
+Program baseProgram(int numBlocks, bool zero3, bool tiedEmbeddings = false);
 
 }  // namespace lt::compile

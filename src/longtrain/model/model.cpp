@@ -91,19 +91,34 @@ Model::Model(const ModelConfig& cfg, uint64_t seed) : cfg_(cfg) {
                        {p + "mlp.up_proj.weight", k.wUp},
                        {p + "mlp.down_proj.weight", k.wDown}});
   }
-  std::vector<NamedParam> head{{"model.embed_tokens.weight", embed_}, {"model.norm.weight", finalNorm_}};
+  std::vector<NamedParam> head{{"model.norm.weight", finalNorm_}};
   if (lmHead_.defined()) head.push_back({"lm_head.weight", lmHead_});
   groups_.push_back(head);
+  groups_.push_back({{"model.embed_tokens.weight", embed_}});
+}
+
+std::vector<int> Model::groupOrder() const {
+  std::vector<int> order{embedGroup()};
+  for (int b = 0; b < numBlocks(); ++b) order.push_back(b);
+  order.push_back(headGroup());
+  return order;
 }
 
 std::vector<at::Tensor> Model::parameters() const {
   std::vector<at::Tensor> out;
-  for (auto& g : groups_)
-    for (auto& p : g) out.push_back(p.tensor);
+  for (int g : groupOrder())
+    for (auto& p : groups_[g]) out.push_back(p.tensor);
   return out;
 }
 
 at::Tensor Model::embed(const at::Tensor& ids) const { return at::embedding(embed_, ids); }
+
+void Model::embedBackward(const at::Tensor& ids, const at::Tensor& gradOut) const {
+  auto g = at::embedding_dense_backward(gradOut, ids, cfg_.vocabSize, /*padding_idx=*/-1, /*scale_grad=*/false);
+  auto& acc = const_cast<at::Tensor&>(embed_).mutable_grad();
+  if (acc.defined()) acc.add_(g);
+  else acc = g;
+}
 
 at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const AttentionFn& attn) const {
   const auto& k = blocks_[b];

@@ -1,7 +1,9 @@
 // Llama-style decoder on raw ATen tensors (autograd records every op; no torch::nn):
 // embedding, RMSNorm, RoPE from position_ids, grouped-query causal attention, SwiGLU MLP,
-// final norm, LM head (optionally tied). Parameters are grouped per block, plus one
-// "head" group (embedding, final norm, LM head): the unit of gather/reduce/offload.
+// final norm, LM head (optionally tied). Parameters are grouped per block, plus a "head"
+// group (final norm, LM head) and an "embed" group (the embedding; with tied embeddings also
+// the LM head): the units of gather/reduce/offload. The LM head's gradient is final right
+// after the loss, the embedding's only at the very end of backward, hence two groups.
 // Init is deterministic from the seed, per parameter, identical on every rank.
 #pragma once
 #include <ATen/core/Tensor.h>
@@ -43,16 +45,22 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   int numBlocks() const { return static_cast<int>(cfg_.layers); }
-  int headGroup() const { return numBlocks(); }  // group index of the non-block parameters
-  int numGroups() const { return numBlocks() + 1; }
+  int headGroup() const { return numBlocks(); }       // final norm (+ LM head if untied)
+  int embedGroup() const { return numBlocks() + 1; }  // embedding (= LM head if tied)
+  int numGroups() const { return numBlocks() + 2; }
+  // Groups in Hugging Face parameter order: embed, blocks 0..L-1, head.
+  std::vector<int> groupOrder() const;
 
   at::Tensor embed(const at::Tensor& ids) const;                                           // [B,S] -> [B,S,D]
+  // Accumulates dLoss/d(embedding weight) from dLoss/d(embed(ids)); reads no weight values,
+  // so under ZeRO-3 the embedding need not be gathered for it.
+  void embedBackward(const at::Tensor& ids, const at::Tensor& gradOut) const;
   at::Tensor block(int b, const at::Tensor& x, const at::Tensor& pos, const AttentionFn& attn) const;  // [B,S,D]
   at::Tensor logits(const at::Tensor& x) const;                                            // [B,S,D] -> [B,S,V]
 
-  // Parameters of a group (block b, or headGroup()), with Hugging Face Llama names.
+  // Parameters of a group, with Hugging Face Llama names.
   const std::vector<NamedParam>& group(int g) const { return groups_[g]; }
-  std::vector<at::Tensor> parameters() const;
+  std::vector<at::Tensor> parameters() const;  // in groupOrder()
 
   // Whole-model forward with plain autograd: the reference the step program is tested against.
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& pos, const AttentionFn& attn) const;

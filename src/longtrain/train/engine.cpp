@@ -114,7 +114,7 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
         params, torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weightDecay));
   }
 
-  program_ = compile::baseProgram(model_->numBlocks(), /*zero3=*/zero_ != nullptr);
+  program_ = compile::baseProgram(model_->numBlocks(), /*zero3=*/zero_ != nullptr, cfg_.model.tieEmbeddings);
   compile::Hooks hooks;
   if (zero_) {
     hooks.gather = [this](int g) { zero_->gather(g); };
@@ -229,6 +229,8 @@ StepMetrics Engine::step() {
   m.skipped = lastZero_.skipped;
   m.speculated = lastZero_.speculated;
   m.rolledBack = lastZero_.rolledBack;
+  m.optimizerWaitS = lastZero_.waitSeconds;
+  m.optimizerAdamS = lastZero_.adamSeconds;
   m.stepTimeS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
 }

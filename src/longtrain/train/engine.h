@@ -36,6 +36,7 @@ struct StepMetrics {
   int64_t peakRssBytes = 0;  // max over ranks
   bool skipped = false;      // ZeRO-3: non-finite gradient, the step was rolled back
   int speculated = 0, rolledBack = 0;  // SuperOffload sub-groups this step
+  double optimizerWaitS = 0, optimizerAdamS = 0;  // ZeRO-3: time inside OptimizerStep
 };
 
 struct EvalMetrics {

@@ -84,6 +84,8 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
           j["zero_unpartitioned_bytes"] = l.unpartitionedBytes;
           j["speculated_subgroups"] = m.speculated;
           j["rolled_back_subgroups"] = m.rolledBack;
+          j["optimizer_wait_s"] = m.optimizerWaitS;
+          j["optimizer_adam_s"] = m.optimizerAdamS;
         }
         if (evalNow) {
           j["eval_loss"] = e.loss;

@@ -21,7 +21,7 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
   // Parameters in model order, cut into sub-groups of at most subGroupSize elements.
   groupParams_.resize(m.numGroups());
   int64_t sgNumel = 0;
-  for (int g = 0; g < m.numGroups(); ++g)
+  for (int g : m.groupOrder())  // Hugging Face order: the LM head's sub-group completes first
     for (const auto& np : m.group(g)) {
       ParamInfo pi;
       pi.group = g;
@@ -132,7 +132,8 @@ void Zero3::reduceGrads(int group, bool boundary) {
     pi.tensor.mutable_grad() = at::Tensor();  // the full gradient lives only in its bucket now
     buckets_->add({i, pi.subGroup, g});
   }
-  if (group == static_cast<int>(groupParams_.size()) - 1) {  // the head group is reduced last
+  if (++groupsReduced_ == static_cast<int>(groupParams_.size())) {  // every group's backward is done
+    groupsReduced_ = 0;
     buckets_->finish();
     buckets_->resetStep();
   }
@@ -244,9 +245,12 @@ void Zero3::drainResults(int expected) {
 }
 
 ZeroStepResult Zero3::step() {
+  using Clock = std::chrono::steady_clock;
+  auto t0 = Clock::now();
   pollReduces(/*block=*/true);
   drainResults(dispatched_);
   ZeroStepResult res;
+  res.waitSeconds = std::chrono::duration<double>(Clock::now() - t0).count();
   res.speculated = dispatched_;
   dispatched_ = 0;
 
@@ -276,8 +280,10 @@ ZeroStepResult Zero3::step() {
       const double coef = o_.gradientClipping / (res.gradNorm + 1e-6);  // PyTorch's clip_grad_norm_
       for (auto& sg : subGroups_) sg.grad.mul_(coef);
     }
+    auto t1 = Clock::now();
     for (int s = 0; s < numSubGroups(); ++s)
       if (!subGroups_[s].speculated) stepSubGroup(s, o_.workerCores);
+    res.adamSeconds = std::chrono::duration<double>(Clock::now() - t1).count();
   }
   for (auto& sg : subGroups_) {
     sg.grad.zero_();

@@ -61,6 +61,8 @@ struct ZeroStepResult {
   bool clipped = false;
   int speculated = 0;        // sub-groups stepped speculatively
   int rolledBack = 0;
+  double waitSeconds = 0;     // step() waiting for reduce-scatters and the worker
+  double adamSeconds = 0;     // step() running Adam itself (sub-groups not speculated, re-steps)
 };
 
 class Zero3 {
@@ -138,6 +140,7 @@ class Zero3 {
   std::unique_ptr<IpgBuckets> buckets_;
   Fifo<PendingReduce> pending_;
   bool boundary_ = false;
+  int groupsReduced_ = 0;  // in this micro-step
   int dispatched_ = 0;
   Ledger ledger_;
   int64_t skipped_ = 0;
