@@ -3,6 +3,7 @@
 // first in the same binary. Non-obvious: the triad counts 16 B/element (with write-allocate).
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
+#include <c10/util/string_utils.h>
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 

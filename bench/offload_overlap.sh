@@ -25,6 +25,7 @@ for n in ["sync1", "super", "sync2"]:
     print(f"{n:<8} {mean(n,'step_time_s'):>8.3f} {mean(n,'optimizer_adam_s'):>15.3f} {mean(n,'optimizer_wait_s'):>8.3f}")
 t1, ts, a1 = mean("sync1", "step_time_s"), mean("super", "step_time_s"), mean("sync1", "optimizer_adam_s")
 ws = mean("super", "optimizer_wait_s")
+print(f"worker per step: adam {mean('super','worker_adam_s')*1000:.0f} ms, rollback snapshot {mean('super','worker_snapshot_s')*1000:.0f} ms")
 print(f"optimizer time hidden: {(1 - ws / a1) * 100:.0f}% (exposed {ws*1000:.0f} of {a1*1000:.0f} ms); "
       f"step super/sync-1 {ts / t1:.2f}x, super/sync-2 {ts / mean('sync2','step_time_s'):.2f}x")
 PY

@@ -67,7 +67,7 @@ TEST(StepProgram, BaseListing) {
             "Embed(3)\nForward(0)\nForward(1)\nLossAndGrad(2)\nReduceGrads(2)\nRecomputeBackward(1)\n"
             "ReduceGrads(1)\nRecomputeBackward(0)\nReduceGrads(0)\nEmbedBackward(3)\nReduceGrads(3)\n"
             "OptimizerStep\n");
-  auto z = lt::compile::baseProgram(1, true, /*tied=*/true);
+  auto z = lt::compile::baseProgram(1, true, /*tied=*/true);  // the zero3 lowering, tied head
   EXPECT_EQ(z.listing(),
             "Gather(2)\nEmbed(2)\nRelease(2)\nGather(0)\nForward(0)\nRelease(0)\nGather(2)\nGather(1)\n"
             "LossAndGrad(1)\nReduceGrads(1)\nRelease(1)\nRelease(2)\nGather(0)\nRecomputeBackward(0)\n"

@@ -5,7 +5,7 @@
 #include <torch/optim/adamw.h>
 
 #include <c10/util/BFloat16.h>
-#include <c10/util/StringUtil.h>
+#include <c10/util/string_utils.h>
 
 #include <cmath>
 #include <cstring>

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
+
 #include "longtrain/core/check.h"
 
 namespace lt::compile {
@@ -15,9 +17,25 @@ MicroBatchStats Executor::run(const Program& p, const data::Batch& batch, const 
   LT_ASSERT(batch.shift_labels.defined(), "shift_labels must be formed before the step");
   const int L = model_.numBlocks();
   std::vector<at::Tensor> kept(L + 1);  // kept[b] = input of block b; kept[L] = final hidden
+  std::vector<char> offloaded(L + 1, 0);
   at::Tensor grad;                      // dLoss/d(current activation)
   MicroBatchStats st;
-  for (const Instr& in : p.code) {
+  auto keptBytes = [&](bool host) {
+    int64_t n = 0;
+    for (int b = 0; b <= L; ++b)
+      if (kept[b].defined() && offloaded[b] == host) n += kept[b].nbytes();
+    return n;
+  };
+  auto live = [&] { return keptBytes(false) + (hooks_.gatheredBytes ? hooks_.gatheredBytes() : 0); };
+  if (o.profile) {
+    o.profile->program = p;
+    o.profile->instrs.assign(p.code.size(), {});
+  }
+  for (size_t pc = 0; pc < p.code.size(); ++pc) {
+    const Instr& in = p.code[pc];
+    auto t0 = std::chrono::steady_clock::now();
+    const int64_t gatheredBefore = hooks_.gatheredBytes ? hooks_.gatheredBytes() : 0;
+    if (o.profile) o.profile->instrs[pc].liveBefore = live();
     switch (in.op) {
       case OpCode::OpGather:
         if (hooks_.gather) hooks_.gather(in.group);
@@ -51,13 +69,26 @@ MicroBatchStats Executor::run(const Program& p, const data::Batch& batch, const 
         auto y = model_.block(in.group, x, batch.position_ids, attn_);
         y.backward(grad);
         grad = x.grad();
-        kept[in.group] = at::Tensor();  // EmbedBackward re-makes x0 itself
-        break;
+        break;  // kept[b] lives on until FreeActivation(b) or the end of the micro-step
       }
+      case OpCode::OpPrefetch:
+        if (hooks_.prefetch) hooks_.prefetch(in.group);
+        break;
+      case OpCode::OpFreeActivation:
+        kept[in.group] = at::Tensor();
+        break;
+      case OpCode::OpOffloadActivation:
+        // The host is the device in this build: accounted, nothing copied. On an accelerator
+        // this is kept[b].to(kCPU, non_blocking) into pinned memory.
+        if (!kept[in.group].is_cpu()) kept[in.group] = kept[in.group].to(at::kCPU);
+        offloaded[in.group] = 1;
+        break;
+      case OpCode::OpReloadActivation:
+        offloaded[in.group] = 0;
+        break;
       case OpCode::OpEmbedBackward: {
         model_.embedBackward(batch.input_ids, grad);
         grad = at::Tensor();
-        kept[0] = at::Tensor();
         break;
       }
       case OpCode::OpReduceGrads:
@@ -66,6 +97,16 @@ MicroBatchStats Executor::run(const Program& p, const data::Batch& batch, const 
       case OpCode::OpOptimizerStep:
         if (o.boundary && hooks_.optimizerStep) hooks_.optimizerStep();
         break;
+    }
+    st.peakActivationBytes = std::max(st.peakActivationBytes, keptBytes(false));
+    st.offloadedBytes = std::max(st.offloadedBytes, keptBytes(true));
+    if (o.profile) {
+      auto& ip = o.profile->instrs[pc];
+      ip.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ip.liveAfter = live();
+      if (in.op == OpCode::OpGather || in.op == OpCode::OpPrefetch)
+        ip.bytesMoved = std::max<int64_t>(0, (hooks_.gatheredBytes ? hooks_.gatheredBytes() : 0) - gatheredBefore);
+      o.profile->peakLive = std::max({o.profile->peakLive, ip.liveBefore, ip.liveAfter});
     }
   }
   return st;
@@ -80,6 +121,7 @@ MicroBatchStats Executor::evaluate(const Program& p, const data::Batch& batch) {
     if (in.op == OpCode::OpRelease && hooks_.release) hooks_.release(in.group);
     if (backwardHalf) continue;
     if (in.op == OpCode::OpGather && hooks_.gather) hooks_.gather(in.group);
+    else if (in.op == OpCode::OpPrefetch && hooks_.prefetch) hooks_.prefetch(in.group);
     else if (in.op == OpCode::OpEmbed) x = model_.embed(batch.input_ids);
     else if (in.op == OpCode::OpForward) x = model_.block(in.group, x, batch.position_ids, attn_);
     else if (in.op == OpCode::OpLossAndGrad) {

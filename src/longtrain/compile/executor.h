@@ -7,6 +7,7 @@
 
 #include <functional>
 
+#include "longtrain/compile/passes.h"
 #include "longtrain/compile/program.h"
 #include "longtrain/data/data.h"
 #include "longtrain/model/model.h"
@@ -15,6 +16,8 @@ namespace lt::compile {
 
 struct Hooks {
   std::function<void(int group)> gather, release;  // may be empty (no ZeRO-3)
+  std::function<void(int group)> prefetch;         // async gather; may be empty
+  std::function<int64_t()> gatheredBytes;          // live gathered parameter bytes (profiling)
   // Called after every micro-batch's backward of group g; `boundary` marks the last
   // micro-batch of the optimizer step. May be empty (single rank without ZeRO).
   std::function<void(int group, bool boundary)> reduceGrads;
@@ -22,6 +25,8 @@ struct Hooks {
 };
 
 struct MicroBatchStats {
+  int64_t peakActivationBytes = 0;  // kept block inputs on the device, at their peak
+  int64_t offloadedBytes = 0;       // kept block inputs moved to host memory, at their peak
   double lossSum = 0;   // this rank's sum of token losses
   int64_t tokens = 0;   // this rank's scored tokens
   int64_t correct = 0;  // this rank's argmax hits among them
@@ -31,6 +36,7 @@ struct RunOptions {
   double lossDenominator = 1;  // scored tokens over the SP group (the loss is sum/denominator)
   double gradScale = 1;        // 1 / gradient_accumulation_steps
   bool boundary = true;        // last micro-batch: OptimizerStep runs
+  Profile* profile = nullptr;  // when set, per-instruction times and live bytes are recorded
 };
 
 class Executor {

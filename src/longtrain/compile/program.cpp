@@ -16,6 +16,10 @@ const char* opName(OpCode op) {
     case OpCode::OpEmbedBackward: return "EmbedBackward";
     case OpCode::OpReduceGrads: return "ReduceGrads";
     case OpCode::OpOptimizerStep: return "OptimizerStep";
+    case OpCode::OpPrefetch: return "Prefetch";
+    case OpCode::OpFreeActivation: return "FreeActivation";
+    case OpCode::OpOffloadActivation: return "OffloadActivation";
+    case OpCode::OpReloadActivation: return "ReloadActivation";
   }
   LT_ASSERT(false);
 }
@@ -30,36 +34,43 @@ std::string Program::listing() const {
   return out;
 }
 
+std::vector<int> paramGroupsUsed(const Instr& in, int numBlocks, bool tiedEmbeddings) {
+  const int head = numBlocks, embed = numBlocks + 1;
+  switch (in.op) {
+    case OpCode::OpEmbed: return {embed};
+    case OpCode::OpForward:
+    case OpCode::OpRecomputeBackward: return {in.group};
+    case OpCode::OpLossAndGrad: return tiedEmbeddings ? std::vector<int>{embed, head} : std::vector<int>{head};
+    default: return {};  // EmbedBackward reads no weights
+  }
+}
+
 Program baseProgram(int numBlocks, bool zero3, bool tiedEmbeddings) {
   Program p;
   const int head = numBlocks, embed = numBlocks + 1;
   auto emit = [&](OpCode op, int g = -1) { p.code.push_back({op, g}); };
-  auto gather = [&](int g) { if (zero3) emit(OpCode::OpGather, g); };
-  auto release = [&](int g) { if (zero3) emit(OpCode::OpRelease, g); };
-  gather(embed);
   emit(OpCode::OpEmbed, embed);
-  release(embed);
-  for (int b = 0; b < numBlocks; ++b) {
-    gather(b);
-    emit(OpCode::OpForward, b);
-    release(b);
-  }
-  if (tiedEmbeddings) gather(embed);
-  gather(head);
+  for (int b = 0; b < numBlocks; ++b) emit(OpCode::OpForward, b);
   emit(OpCode::OpLossAndGrad, head);
   emit(OpCode::OpReduceGrads, head);  // final norm and LM head: their gradients are complete
-  release(head);
-  if (tiedEmbeddings) release(embed);
   for (int b = numBlocks - 1; b >= 0; --b) {
-    gather(b);
     emit(OpCode::OpRecomputeBackward, b);
     emit(OpCode::OpReduceGrads, b);
-    release(b);
   }
-  emit(OpCode::OpEmbedBackward, embed);  // reads no weights: nothing to gather
+  emit(OpCode::OpEmbedBackward, embed);
   emit(OpCode::OpReduceGrads, embed);
   emit(OpCode::OpOptimizerStep);
-  return p;
+  if (!zero3) return p;
+  // The zero3 lowering: gather each group right before an instruction that reads it and
+  // release it right after.
+  Program z;
+  for (const auto& in : p.code) {
+    auto used = paramGroupsUsed(in, numBlocks, tiedEmbeddings);
+    for (int g : used) z.code.push_back({OpCode::OpGather, g});
+    z.code.push_back(in);
+    for (auto it = used.rbegin(); it != used.rend(); ++it) z.code.push_back({OpCode::OpRelease, *it});
+  }
+  return z;
 }
 
 }  // namespace lt::compile

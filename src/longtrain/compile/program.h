@@ -19,6 +19,10 @@ enum class OpCode {
   OpEmbedBackward,      // backprop dL/dx0 into the embedding
   OpReduceGrads,        // start reducing group g's gradients (async)
   OpOptimizerStep,      // wait for reductions, validate, step; boundary only
+  OpPrefetch,           // start gathering group g asynchronously; a later Gather(g) waits for it
+  OpFreeActivation,     // free the kept input of block g (after its last use)
+  OpOffloadActivation,  // move the kept input of block g to host memory
+  OpReloadActivation,   // bring it back before its use
 };
 
 struct Instr {
@@ -33,9 +37,14 @@ struct Program {
 
 const char* opName(OpCode op);
 
-// The base program for `numBlocks` blocks (head group = numBlocks, embed = numBlocks + 1).
-// With zero3 the Gather / Release instructions around each use are present (the `zero3`
-// pass's lowering). With tiedEmbeddings the loss also uses the embed group.
+// The base program for `numBlocks` blocks (head group = numBlocks, embed = numBlocks + 1):
+// no Gather/Release (the `zero3` pass inserts them) and kept activations live until the end
+// of the micro-step (the `free_activations` pass frees each after its last use). With
+// zero3 = true the `zero3` lowering is applied (kept for tests and callers without passes).
+// With tiedEmbeddings the loss also uses the embed group.
 Program baseProgram(int numBlocks, bool zero3, bool tiedEmbeddings = false);
+
+// Groups each instruction reads parameters of (empty for none): where `zero3` gathers.
+std::vector<int> paramGroupsUsed(const Instr& in, int numBlocks, bool tiedEmbeddings);
 
 }  // namespace lt::compile

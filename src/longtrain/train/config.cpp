@@ -223,6 +223,25 @@ Config parseConfig(const json& j, int worldSize) {
     z.finish();
   }
   {
+    Section cs = root.sub("compile");
+    c.compile.deepcompile = cs.getBool("deepcompile", false);
+    if (const json* sch = cs.find("schedule")) {
+      c.compile.hasSchedule = true;
+      LT_CHECK(sch->is_array(), "config key 'compile.schedule' must be a list of [step, [\"pass\", ...]] entries, got ",
+               sch->dump());
+      for (size_t i = 0; i < sch->size(); ++i) {
+        const json& e = (*sch)[i];
+        bool ok = e.is_array() && e.size() == 2 && e[0].is_number_integer() && e[1].is_array();
+        if (ok)
+          for (const auto& n : e[1]) ok &= n.is_string();
+        LT_CHECK(ok, "config key 'compile.schedule[", i, "]' must be [step, [\"pass\", ...]] with an integer step, ",
+                 "got ", e.dump());
+        c.compile.schedule.push_back({e[0].get<int64_t>(), e[1].get<std::vector<std::string>>()});
+      }
+    }
+    cs.finish();
+  }
+  {
     Section m = root.sub("model");
     auto& mc = c.model;
     mc.vocabSize = m.getInt("vocab_size", 64, 2, kBig);

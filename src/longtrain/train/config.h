@@ -43,6 +43,12 @@ struct ZeroConfig {
   OffloadConfig offloadOptimizer;
 };
 
+struct CompileConfig {
+  bool deepcompile = false;
+  bool hasSchedule = false;  // false: the default (DeepSpeed's for ZeRO-3)
+  std::vector<std::pair<int64_t, std::vector<std::string>>> schedule;
+};
+
 struct DataConfig {
   std::string type = "kv_recall";  // "kv_recall" | "uint16" | "uint32" | "bytes"
   std::string path;
@@ -66,6 +72,7 @@ struct Config {
   double gradientClipping = 0;
   bool bf16 = false, fp16 = false;
   ZeroConfig zero;
+  CompileConfig compile;
   int sequenceParallelSize = 1;
   int64_t stepsPerPrint = 10;
   uint64_t seed = 1234;

@@ -8,6 +8,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <thread>
@@ -114,10 +115,44 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
         params, torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weightDecay));
   }
 
-  program_ = compile::baseProgram(model_->numBlocks(), /*zero3=*/zero_ != nullptr, cfg_.model.tieEmbeddings);
+  // The step program: the base, rewritten by passes; a schedule swaps the pass list.
+  base_ = compile::baseProgram(model_->numBlocks(), /*zero3=*/false, cfg_.model.tieEmbeddings);
+  passCtx_.numBlocks = model_->numBlocks();
+  passCtx_.tiedEmbeddings = cfg_.model.tieEmbeddings;
+  for (int g = 0; g < model_->numGroups(); ++g) {
+    int64_t b = 0;
+    for (const auto& p : model_->group(g)) b += p.tensor.numel() * 4;
+    passCtx_.groupBytes.push_back(b);
+  }
+  passCtx_.prefetchBucketBytes = cfg_.zero.prefetchBucketSize * 4;
+  passCtx_.maxLiveBytes = cfg_.zero.maxLiveParameters * 4;
+  passCtx_.persistenceThresholdBytes = cfg_.zero.paramPersistenceThreshold * 4;
+  passCtx_.memoryBudgetBytes = passCtx_.maxLiveBytes;
+  const bool z3 = zero_ != nullptr;
+  std::vector<std::string> fixed = z3 ? std::vector<std::string>{"zero3", "free_activations"}
+                                      : std::vector<std::string>{"free_activations"};
+  if (cfg_.compile.deepcompile) {
+    std::vector<compile::ScheduleEntry> entries;
+    if (cfg_.compile.hasSchedule) {
+      for (const auto& [st, passes] : cfg_.compile.schedule) entries.push_back({st, passes});
+    } else {
+      entries = z3 ? compile::defaultZero3Schedule() : std::vector<compile::ScheduleEntry>{{0, {"free_activations"}}};
+    }
+    for (const auto& e : entries) {
+      bool has = std::find(e.passes.begin(), e.passes.end(), "zero3") != e.passes.end();
+      LT_CHECK(has == z3, "compile.schedule: step ", e.step, ": ",
+               z3 ? "zero_optimization.stage=3 needs the 'zero3' pass in every entry"
+                  : "the 'zero3' pass needs zero_optimization.stage=3");
+    }
+    schedule_ = compile::Schedule(entries);
+  }
+  program_ = compile::applyPasses(base_, fixed, passCtx_);
+  activePasses_ = fixed;
   compile::Hooks hooks;
   if (zero_) {
     hooks.gather = [this](int g) { zero_->gather(g); };
+    hooks.prefetch = [this](int g) { zero_->prefetch(g); };
+    hooks.gatheredBytes = [this] { return zero_->ledger().gatheredBytes; };
     hooks.release = [this](int g) { zero_->release(g); };
     hooks.reduceGrads = [this](int g, bool boundary) { zero_->reduceGrads(g, boundary); };
   } else if (groups_.world->size() > 1) {
@@ -143,6 +178,33 @@ data::Batch Engine::nextMicroBatch() {
 }
 
 double Engine::currentLr() const { return lrAt(cfg_.scheduler, cfg_.optimizer.lr, step_ - 1); }
+
+void Engine::recompile(const std::vector<std::string>& passes, int64_t step) {
+  // Every rank must take the same decisions: the profile is the max over ranks.
+  if (lastProfile_.valid() && groups_.world->size() > 1) {
+    const int64_t n = static_cast<int64_t>(lastProfile_.instrs.size());
+    auto t = at::empty({3 * n + 1}, at::kDouble);
+    auto* d = t.data_ptr<double>();
+    for (int64_t i = 0; i < n; ++i) {
+      d[i] = lastProfile_.instrs[i].seconds;
+      d[n + i] = static_cast<double>(lastProfile_.instrs[i].liveBefore);
+      d[2 * n + i] = static_cast<double>(lastProfile_.instrs[i].liveAfter);
+    }
+    d[3 * n] = static_cast<double>(lastProfile_.peakLive);
+    groups_.world->allReduce(t, comm::ReduceOp::ReduceOpMax).wait();
+    for (int64_t i = 0; i < n; ++i) {
+      lastProfile_.instrs[i].seconds = d[i];
+      lastProfile_.instrs[i].liveBefore = static_cast<int64_t>(d[n + i]);
+      lastProfile_.instrs[i].liveAfter = static_cast<int64_t>(d[2 * n + i]);
+    }
+    lastProfile_.peakLive = static_cast<int64_t>(d[3 * n]);
+  }
+  passCtx_.profile = &lastProfile_;
+  program_ = compile::applyPasses(base_, passes, passCtx_);
+  passCtx_.profile = nullptr;
+  activePasses_ = passes;
+  if (onRecompile) onRecompile(step, passes, program_);
+}
 
 std::vector<at::Tensor> Engine::fullParameters() {
   if (zero_) return zero_->fullParameters();
@@ -193,10 +255,13 @@ void Engine::optimizerStep() {
 
 StepMetrics Engine::step() {
   auto t0 = std::chrono::steady_clock::now();
+  if (auto e = schedule_.take(step_)) recompile(e->passes, step_);
   ++step_;
   lastLr_ = currentLr();
   if (zero_) zero_->setLr(lastLr_);  // before backward: SuperOffload steps during it
   double lossSum = 0;  // sum over micro-batches of (local loss sum / SP-group denominator)
+  double exposedGather = 0;
+  int64_t activationPeak = 0;
   int64_t tokens = 0, correct = 0;
   for (int64_t j = 0; j < cfg_.gradAccum; ++j) {
     data::Batch b = nextMicroBatch();
@@ -207,7 +272,15 @@ StepMetrics Engine::step() {
     ro.lossDenominator = denom;
     ro.gradScale = 1.0 / static_cast<double>(cfg_.gradAccum);
     ro.boundary = j + 1 == cfg_.gradAccum;
+    compile::Profile prof;
+    if (j == 0) ro.profile = &prof;
     auto st = exec_->run(program_, b, ro);
+    if (j == 0) {
+      lastProfile_ = std::move(prof);
+      for (size_t i = 0; i < program_.code.size(); ++i)
+        if (program_.code[i].op == compile::OpCode::OpGather) exposedGather += lastProfile_.instrs[i].seconds;
+      activationPeak = st.peakActivationBytes;
+    }
     lossSum += st.lossSum / denom;
     tokens += st.tokens;
     correct += st.correct;
@@ -226,11 +299,15 @@ StepMetrics Engine::step() {
   m.gradNorm = lastGradNorm_;
   m.tokens = cfg_.trainBatchSize * train_->seqLen();
   m.peakRssBytes = static_cast<int64_t>(peak.item<double>());
+  m.exposedGatherS = exposedGather;
+  m.activationPeakBytes = activationPeak;
   m.skipped = lastZero_.skipped;
   m.speculated = lastZero_.speculated;
   m.rolledBack = lastZero_.rolledBack;
   m.optimizerWaitS = lastZero_.waitSeconds;
   m.optimizerAdamS = lastZero_.adamSeconds;
+  m.workerSnapshotS = lastZero_.workerSnapshotSeconds;
+  m.workerAdamS = lastZero_.workerAdamSeconds;
   m.stepTimeS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
 }

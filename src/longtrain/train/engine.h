@@ -11,7 +11,9 @@
 
 #include "longtrain/comm/comm.h"
 #include "longtrain/compile/executor.h"
+#include "longtrain/compile/passes.h"
 #include "longtrain/compile/program.h"
+#include "longtrain/compile/schedule.h"
 #include "longtrain/core/fifo.h"
 #include "longtrain/data/data.h"
 #include "longtrain/model/model.h"
@@ -37,6 +39,9 @@ struct StepMetrics {
   bool skipped = false;      // ZeRO-3: non-finite gradient, the step was rolled back
   int speculated = 0, rolledBack = 0;  // SuperOffload sub-groups this step
   double optimizerWaitS = 0, optimizerAdamS = 0;  // ZeRO-3: time inside OptimizerStep
+  double workerSnapshotS = 0, workerAdamS = 0;    // SuperOffload worker, this step
+  double exposedGatherS = 0;     // time the first micro-batch waited in Gather instructions
+  int64_t activationPeakBytes = 0;  // kept block inputs on the device, at their peak
 };
 
 struct EvalMetrics {
@@ -56,6 +61,9 @@ class Engine {
   // Every parameter, whole (under ZeRO-3 gathered from the partitions: a collective).
   std::vector<at::Tensor> fullParameters();
   zero::Zero3* zero() { return zero_.get(); }
+  // Called on every rank when a schedule entry rebuilds the program (0-based step).
+  std::function<void(int64_t step, const std::vector<std::string>& passes, const compile::Program&)> onRecompile;
+  const std::vector<std::string>& activePasses() const { return activePasses_; }
   const compile::Program& program() const { return program_; }
   int64_t globalStep() const { return step_; }
   const Config& config() const { return cfg_; }
@@ -65,6 +73,7 @@ class Engine {
  private:
   data::Batch nextMicroBatch();  // with shift_labels; this rank's shard under SP
   void reduceGrads(int group, bool boundary);
+  void recompile(const std::vector<std::string>& passes, int64_t step);
   void optimizerStep();
   double currentLr() const;
 
@@ -77,7 +86,11 @@ class Engine {
   std::unique_ptr<torch::optim::Optimizer> opt_;
   std::unique_ptr<zero::Zero3> zero_;  // ZeRO stage 3 (replaces opt_)
   zero::ZeroStepResult lastZero_;
-  compile::Program program_;
+  compile::Program base_, program_;
+  compile::Schedule schedule_;
+  compile::PassContext passCtx_;
+  compile::Profile lastProfile_;
+  std::vector<std::string> activePasses_;
   std::unique_ptr<compile::Executor> exec_;
 
   struct PendingReduce {

@@ -36,6 +36,14 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
     if (opts.printProgram) std::printf("step program:\n%s", engine.program().listing().c_str());
     std::fflush(stdout);
   }
+  engine.onRecompile = [&](int64_t step, const std::vector<std::string>& passes, const compile::Program& p) {
+    if (!lead) return;
+    std::string list;
+    for (const auto& n : passes) list += (list.empty() ? "" : ", ") + n;
+    std::printf("compile: step %lld: passes [%s] -> %zu instructions\n", (long long)step, list.c_str(), p.code.size());
+    if (opts.printProgram) std::printf("%s", p.listing().c_str());
+    std::fflush(stdout);
+  };
   std::ofstream metrics;
   if (lead && !opts.metricsPath.empty()) {
     metrics.open(opts.metricsPath, std::ios::trunc);
@@ -72,7 +80,9 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
                          {"lr", m.lr},               {"grad_norm", m.gradNorm},
                          {"train_accuracy", m.accuracy}, {"tokens", m.tokens},
                          {"step_time_s", m.stepTimeS}, {"tokens_per_s", m.tokens / m.stepTimeS},
-                         {"peak_rss_bytes", m.peakRssBytes}};
+                         {"peak_rss_bytes", m.peakRssBytes},
+                         {"exposed_gather_s", m.exposedGatherS},
+                         {"activation_peak_bytes", m.activationPeakBytes}};
         if (auto* z = engine.zero()) {
           const auto& l = z->ledger();
           j["skipped_steps"] = z->skippedSteps();
@@ -86,6 +96,8 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
           j["rolled_back_subgroups"] = m.rolledBack;
           j["optimizer_wait_s"] = m.optimizerWaitS;
           j["optimizer_adam_s"] = m.optimizerAdamS;
+          j["worker_snapshot_s"] = m.workerSnapshotS;
+          j["worker_adam_s"] = m.workerAdamS;
         }
         if (evalNow) {
           j["eval_loss"] = e.loss;

@@ -67,6 +67,7 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
     if (hi > lo) subGroups_[pi.subGroup].master.narrow(0, pi.offset, hi - lo).copy_(flat.slice(0, lo, hi));
     pi.tensor.set_data(at::empty({0}, pi.tensor.options()));
   }
+  pendingGathers_.resize(groupParams_.size());
   buckets_ = std::make_unique<IpgBuckets>(counts, [this](int sg, std::vector<GradItem>& items) { onBucket(sg, items); });
   if (offloaded > 0) worker_ = std::thread([this] { workerLoop(); });
 }
@@ -79,27 +80,38 @@ Zero3::~Zero3() {
 void Zero3::setLr(double lr) { adam_->setLr(static_cast<float>(lr)); }
 
 // ---------------------------------------------------------------------------- gather/release
-void Zero3::gather(int group) {
+void Zero3::prefetch(int group) {
   const int W = world_->size();
-  std::vector<comm::Work> works;
-  std::vector<at::Tensor> outs;
+  auto& pend = pendingGathers_[group];
   for (int i : groupParams_[group]) {
     auto& pi = params_[i];
     if (pi.tensor.numel() == pi.numel) continue;  // already gathered
+    bool inFlight = false;
+    for (auto& pg : pend) inFlight |= pg.param == i;
+    if (inFlight) continue;
     auto out = at::empty({W * pi.chunk}, at::kFloat);
-    works.push_back(world_->allGather(out, subGroups_[pi.subGroup].master.narrow(0, pi.offset, pi.chunk)));
-    outs.push_back(out);
-  }
-  size_t k = 0;
-  for (int i : groupParams_[group]) {
-    auto& pi = params_[i];
-    if (pi.tensor.numel() == pi.numel) continue;
-    works[k].wait();
-    pi.tensor.set_data(outs[k].narrow(0, 0, pi.numel).view(pi.shape));
-    ledger_.gatheredBytes += pi.numel * 4;
-    ++k;
+    pend.push_back({i, out, world_->allGather(out, subGroups_[pi.subGroup].master.narrow(0, pi.offset, pi.chunk))});
+    ledger_.gatheredBytes += pi.numel * 4;  // the buffer is live from now on
   }
   ledger_.gatheredPeakBytes = std::max(ledger_.gatheredPeakBytes, ledger_.gatheredBytes);
+}
+
+void Zero3::gather(int group) {
+  prefetch(group);  // starts whatever is not gathered or in flight
+  for (auto& pg : pendingGathers_[group]) {
+    pg.work.wait();
+    auto& pi = params_[pg.param];
+    pi.tensor.set_data(pg.out.narrow(0, 0, pi.numel).view(pi.shape));
+  }
+  pendingGathers_[group].clear();
+}
+
+void Zero3::releaseAll() {
+  for (size_t g = 0; g < groupParams_.size(); ++g) {
+    for (auto& pg : pendingGathers_[g]) pg.work.wait();  // never drop an in-flight collective
+    if (!pendingGathers_[g].empty()) gather(static_cast<int>(g));
+    release(static_cast<int>(g));
+  }
 }
 
 void Zero3::release(int group) {
@@ -221,8 +233,14 @@ void Zero3::workerLoop() {
   }
   while (auto t = tasks_.pop()) {
     try {
+      using Clock = std::chrono::steady_clock;
+      auto t0 = Clock::now();
       snapshot(t->subGroup);
+      auto t1 = Clock::now();
       stepSubGroup(t->subGroup, o_.workerCores);
+      auto t2 = Clock::now();
+      workerSnapshotNs_ += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+      workerAdamNs_ += std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count();
       results_.push(int(t->subGroup));
     } catch (...) {
       results_.push(-1 - t->subGroup);
@@ -251,6 +269,8 @@ ZeroStepResult Zero3::step() {
   drainResults(dispatched_);
   ZeroStepResult res;
   res.waitSeconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  res.workerSnapshotSeconds = workerSnapshotNs_.exchange(0) * 1e-9;
+  res.workerAdamSeconds = workerAdamNs_.exchange(0) * 1e-9;
   res.speculated = dispatched_;
   dispatched_ = 0;
 
@@ -289,6 +309,7 @@ ZeroStepResult Zero3::step() {
     sg.grad.zero_();
     sg.speculated = false;
   }
+  releaseAll();  // parameters kept gathered (selective_gather) are re-gathered fresh next step
   return res;
 }
 

@@ -18,6 +18,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -63,6 +64,8 @@ struct ZeroStepResult {
   int rolledBack = 0;
   double waitSeconds = 0;     // step() waiting for reduce-scatters and the worker
   double adamSeconds = 0;     // step() running Adam itself (sub-groups not speculated, re-steps)
+  double workerSnapshotSeconds = 0;  // the worker copying state for exact rollback
+  double workerAdamSeconds = 0;      // the worker's speculative Adam steps
 };
 
 class Zero3 {
@@ -72,8 +75,12 @@ class Zero3 {
   Zero3(const Zero3&) = delete;
   Zero3& operator=(const Zero3&) = delete;
 
+  // Makes group g's parameters whole: waits for a prefetch, or gathers now.
   void gather(int group);
+  // Starts gathering group g asynchronously (a later gather(g) waits for it).
+  void prefetch(int group);
   void release(int group);
+  void releaseAll();  // step() calls it: a gathered copy is stale once masters change
   // boundary: the last micro-batch of the optimizer step (gradients become final).
   void reduceGrads(int group, bool boundary);
   // lr is the learning rate of the step being taken; call setLr before backward so that
@@ -119,6 +126,11 @@ class Zero3 {
   struct Task {
     int subGroup;
   };
+  struct PendingGather {
+    int param;
+    at::Tensor out;
+    comm::Work work;
+  };
 
   void onBucket(int sg, std::vector<GradItem>& items);
   void pollReduces(bool block);
@@ -135,6 +147,7 @@ class Zero3 {
   Zero3Options o_;
   std::vector<ParamInfo> params_;
   std::vector<std::vector<int>> groupParams_;  // model group -> param indices
+  std::vector<std::vector<PendingGather>> pendingGathers_;  // per group, from prefetch()
   std::vector<SubGroup> subGroups_;
   std::unique_ptr<offload::CpuAdam> adam_;
   std::unique_ptr<IpgBuckets> buckets_;
@@ -149,6 +162,7 @@ class Zero3 {
   Channel<Task> tasks_;
   Channel<int> results_;  // sub-group ids stepped by the worker (-1 - sg on failure)
   std::thread worker_;
+  std::atomic<int64_t> workerSnapshotNs_{0}, workerAdamNs_{0};  // this step, summed over tasks
 };
 
 }  // namespace lt::zero

@@ -1,0 +1,208 @@
+// The five passes and their contracts. Budgets are in bytes of fp32 parameters.
+#include "longtrain/compile/passes.h"
+
+#include <algorithm>
+#include <set>
+
+#include "longtrain/core/check.h"
+
+namespace lt::train {
+size_t editDistance(const std::string& a, const std::string& b);  // train/config.cpp
+}
+
+namespace lt::compile {
+
+namespace {
+
+bool isCompute(OpCode op) {
+  return op == OpCode::OpEmbed || op == OpCode::OpForward || op == OpCode::OpLossAndGrad ||
+         op == OpCode::OpRecomputeBackward;
+}
+
+// zero3: gather each group right before an instruction that reads it, release right after.
+Program passZero3(const Program& p, const PassContext& c) {
+  Program z;
+  for (const auto& in : p.code) {
+    LT_ASSERT(in.op != OpCode::OpGather && in.op != OpCode::OpRelease, "zero3 applied twice");
+    auto used = paramGroupsUsed(in, c.numBlocks, c.tiedEmbeddings);
+    for (int g : used) z.code.push_back({OpCode::OpGather, g});
+    z.code.push_back(in);
+    for (auto it = used.rbegin(); it != used.rend(); ++it) z.code.push_back({OpCode::OpRelease, *it});
+  }
+  return z;
+}
+
+// Live gathered bytes before each instruction of p.
+std::vector<int64_t> liveGathered(const Program& p, const std::vector<int64_t>& bytes) {
+  std::vector<int64_t> live(p.code.size() + 1, 0);
+  std::set<int> held;
+  int64_t cur = 0;
+  for (size_t i = 0; i < p.code.size(); ++i) {
+    live[i] = cur;
+    const auto& in = p.code[i];
+    if ((in.op == OpCode::OpGather || in.op == OpCode::OpPrefetch) && held.insert(in.group).second)
+      cur += bytes[in.group];
+    if (in.op == OpCode::OpRelease && held.erase(in.group)) cur -= bytes[in.group];
+  }
+  live[p.code.size()] = cur;
+  return live;
+}
+
+// prefetch: start each Gather(g) one compute instruction earlier, as an async Prefetch(g),
+// when g fits the prefetch bucket and the live parameters stay within max_live. The
+// Gather(g) stays, and waits for the prefetched data.
+Program passPrefetch(const Program& p, const PassContext& c) {
+  Program out = p;
+  // Walk gathers from the end so earlier insertions do not shift the indices still to visit.
+  for (int i = static_cast<int>(out.code.size()) - 1; i >= 0; --i) {
+    const Instr in = out.code[i];
+    if (in.op != OpCode::OpGather) continue;
+    const int64_t b = c.groupBytes[in.group];
+    if (c.prefetchBucketBytes > 0 && b > c.prefetchBucketBytes) continue;
+    // The compute instruction before this gather (skipping the gather's own neighbours).
+    int j = i - 1;
+    while (j >= 0 && !isCompute(out.code[j].op)) --j;
+    if (j < 0) continue;
+    // Not across an earlier use of the same group (it is released after that use).
+    bool clash = false;
+    for (int k = j; k < i; ++k)
+      if ((out.code[k].op == OpCode::OpGather || out.code[k].op == OpCode::OpRelease ||
+           out.code[k].op == OpCode::OpPrefetch) && out.code[k].group == in.group)
+        clash = true;
+    if (clash) continue;
+    // Move back over the Gathers that feed instruction j, so the prefetch overlaps j itself.
+    while (j > 0 && out.code[j - 1].op == OpCode::OpGather) --j;
+    auto live = liveGathered(out, c.groupBytes);
+    int64_t peak = 0;
+    for (int k = j; k <= i; ++k) peak = std::max(peak, live[k]);
+    if (c.maxLiveBytes > 0 && peak + b > c.maxLiveBytes) continue;
+    out.code.insert(out.code.begin() + j, Instr{OpCode::OpPrefetch, in.group});
+  }
+  return out;
+}
+
+// selective_gather: keep chosen groups gathered for the whole step (their Releases go;
+// ZeRO-3 releases everything after the optimizer step, so the next step re-gathers them
+// once). Groups at or below the persistence threshold always stay; then, greedily by
+// profiled gather seconds per byte (or smallest first without a profile), groups that fit
+// the budget left after the profiled peak.
+Program passSelectiveGather(const Program& p, const PassContext& c) {
+  const int numGroups = static_cast<int>(c.groupBytes.size());
+  std::vector<char> keep(numGroups, 0);
+  for (int g = 0; g < numGroups; ++g)
+    if (c.groupBytes[g] <= c.persistenceThresholdBytes) keep[g] = 1;
+  std::vector<double> secs;
+  const bool prof = c.profile && c.profile->valid();
+  if (prof) secs = c.profile->gatherSecondsByGroup(numGroups);
+  std::vector<int> order(numGroups);
+  for (int g = 0; g < numGroups; ++g) order[g] = g;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    if (prof) return secs[a] / c.groupBytes[a] > secs[b] / c.groupBytes[b];
+    return c.groupBytes[a] < c.groupBytes[b];
+  });
+  int64_t peak = prof ? c.profile->peakLive : simulateGatheredPeak(p, c.groupBytes);
+  int64_t room = c.memoryBudgetBytes - peak;
+  for (int g : order) {
+    if (keep[g]) continue;
+    if (c.groupBytes[g] <= room) {
+      keep[g] = 1;
+      room -= c.groupBytes[g];
+    }
+  }
+  Program out;
+  for (const auto& in : p.code)
+    if (!(in.op == OpCode::OpRelease && keep[in.group])) out.code.push_back(in);
+  return out;
+}
+
+// free_activations: free each kept block input right after its last use (its recompute).
+Program passFreeActivations(const Program& p, const PassContext&) {
+  Program out;
+  for (const auto& in : p.code) {
+    out.code.push_back(in);
+    if (in.op == OpCode::OpRecomputeBackward) out.code.push_back({OpCode::OpFreeActivation, in.group});
+  }
+  return out;
+}
+
+// offload_activations: after Forward(b) the input of block b goes to host memory; it comes
+// back just before block b's backward (before its gather, so the copy overlaps it).
+Program passOffloadActivations(const Program& p, const PassContext&) {
+  Program out;
+  for (size_t i = 0; i < p.code.size(); ++i) {
+    const auto& in = p.code[i];
+    if (in.op == OpCode::OpRecomputeBackward) {
+      // Put the reload before the run of Gathers that precedes the recompute.
+      size_t k = out.code.size();
+      while (k > 0 && out.code[k - 1].op == OpCode::OpGather) --k;
+      out.code.insert(out.code.begin() + k, Instr{OpCode::OpReloadActivation, in.group});
+    }
+    out.code.push_back(in);
+    if (in.op == OpCode::OpForward) out.code.push_back({OpCode::OpOffloadActivation, in.group});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<double> Profile::gatherSecondsByGroup(int numGroups) const {
+  std::vector<double> s(numGroups, 0);
+  for (size_t i = 0; i < instrs.size() && i < program.code.size(); ++i)
+    if (program.code[i].op == OpCode::OpGather || program.code[i].op == OpCode::OpPrefetch)
+      s[program.code[i].group] += instrs[i].seconds;
+  return s;
+}
+
+int64_t simulateGatheredPeak(const Program& p, const std::vector<int64_t>& groupBytes) {
+  auto live = liveGathered(p, groupBytes);
+  return *std::max_element(live.begin(), live.end());
+}
+
+const std::vector<PassInfo>& passRegistry() {
+  static const std::vector<PassInfo> r{
+      {"zero3", {"zero3"}, {}, {}, passZero3},
+      {"prefetch", {"prefetch"}, {"zero3"}, {}, passPrefetch},
+      {"selective_gather", {"selective_gather"}, {"zero3"}, {}, passSelectiveGather},
+      {"free_activations", {"free_activations"}, {}, {}, passFreeActivations},
+      {"offload_activations", {"offload_activations"}, {}, {}, passOffloadActivations},
+  };
+  return r;
+}
+
+static const PassInfo& findPass(const std::string& name, int64_t step, const std::vector<PassInfo>& registry) {
+  for (const auto& p : registry)
+    if (p.name == name) return p;
+  std::string best;
+  size_t bestD = SIZE_MAX;
+  for (const auto& p : registry)
+    if (size_t d = train::editDistance(name, p.name); d < bestD) bestD = d, best = p.name;
+  LT_CHECK(false, "compile.schedule: step ", step, ": unknown pass '", name, "'; did you mean '", best, "'?");
+  return registry.front();
+}
+
+void validatePasses(const std::vector<std::string>& names, int64_t step, const std::vector<PassInfo>& registry) {
+  std::set<std::string> provided;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const PassInfo& p = findPass(names[i], step, registry);
+    for (size_t k = 0; k < i; ++k) {
+      LT_CHECK(names[k] != p.name, "compile.schedule: step ", step, ": pass '", p.name, "' is listed twice");
+      const PassInfo& q = findPass(names[k], step, registry);
+      bool clash = std::find(p.conflicts.begin(), p.conflicts.end(), q.name) != p.conflicts.end() ||
+                   std::find(q.conflicts.begin(), q.conflicts.end(), p.name) != q.conflicts.end();
+      LT_CHECK(!clash, "compile.schedule: step ", step, ": passes '", q.name, "' and '", p.name, "' conflict");
+    }
+    for (const auto& need : p.needs)
+      LT_CHECK(provided.count(need), "compile.schedule: step ", step, ": pass '", p.name, "' requires '", need,
+               "', which no earlier pass of this step provides; list a pass providing it before '", p.name, "'");
+    provided.insert(p.provides.begin(), p.provides.end());
+  }
+}
+
+Program applyPasses(const Program& base, const std::vector<std::string>& names, const PassContext& ctx,
+                    const std::vector<PassInfo>& registry) {
+  Program p = base;
+  for (const auto& n : names) p = findPass(n, -1, registry).fn(p, ctx);
+  return p;
+}
+
+}  // namespace lt::compile

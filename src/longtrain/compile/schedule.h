@@ -1,0 +1,35 @@
+// The pass schedule (DeepCompile's): a list of (step, passes) entries, validated before step
+// 0 and consumed from an O(1) Fifo as the global step reaches them. Each entry rebuilds the
+// program from the base with its whole pass list (passes are not cumulative).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "longtrain/core/fifo.h"
+
+namespace lt::compile {
+
+struct ScheduleEntry {
+  int64_t step = 0;
+  std::vector<std::string> passes;
+};
+
+class Schedule {
+ public:
+  Schedule() = default;
+  // Validates: steps strictly increasing and >= 0, pass names known, contracts per entry.
+  explicit Schedule(const std::vector<ScheduleEntry>& entries);
+  // The entry to apply at `step` (0-based global step), if the schedule's head has reached it.
+  std::optional<ScheduleEntry> take(int64_t step);
+  size_t remaining() const { return fifo_.size(); }
+
+ private:
+  Fifo<ScheduleEntry> fifo_;
+};
+
+// DeepSpeed's default ZeRO-3 schedule: [[0, ["zero3"]], [5, ["zero3", "prefetch", "selective_gather"]]].
+std::vector<ScheduleEntry> defaultZero3Schedule();
+
+}  // namespace lt::compile

@@ -1,0 +1,178 @@
+// compile/: every pass keeps losses bit-identical (ZeRO-3, 2 and 4 thread ranks), pass
+// contracts and schedule errors, prefetch within its budget per the ledger, and one golden
+// program listing per pass.
+#include <nlohmann/json.hpp>
+
+#include "longtrain/compile/passes.h"
+#include "longtrain/compile/schedule.h"
+#include "longtrain/core/check.h"
+#include "longtrain/train/config.h"
+#include "longtrain/train/engine.h"
+#include "testing.h"
+
+namespace {
+
+using json = nlohmann::json;
+using lt::testing::runRanks;
+using namespace lt::compile;
+
+json compileConfig() {
+  return json::parse(R"({
+    "train_micro_batch_size_per_gpu": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
+    "gradient_clipping": 1.0,
+    "model": {"vocab_size": 64, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+              "intermediate_size": 48},
+    "data": {"seq_len": 32, "num_samples": 512, "eval_samples": 0,
+             "kv": {"num_pairs": 4, "num_queries": 4, "num_keys": 16, "num_values": 8, "num_noise": 8}},
+    "zero_optimization": {"stage": 3, "sub_group_size": 3000, "stage3_param_persistence_threshold": 0},
+    "compile": {"deepcompile": true},
+    "train": {"steps": 5}
+  })");
+}
+
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<at::Tensor> params;
+  int64_t gatheredPeak = 0;
+  std::string program;
+};
+
+RunResult runSchedule(json j, const json& schedule, int world) {
+  if (!schedule.is_null()) j["compile"]["schedule"] = schedule;
+  RunResult out;
+  runRanks(world, 1, [&](int r, lt::comm::Groups& g) {
+    lt::train::Engine e(lt::train::parseConfig(j, world), g);
+    std::vector<double> ls;
+    for (int s = 0; s < 5; ++s) ls.push_back(e.step().loss);
+    auto p = e.fullParameters();
+    if (r == 0) {
+      out.losses = ls;
+      out.params = p;
+      out.gatheredPeak = e.zero()->ledger().gatheredPeakBytes;
+      out.program = e.program().listing();
+    }
+  });
+  return out;
+}
+
+class PassEquivalence : public ::testing::TestWithParam<int> {};
+
+TEST_P(PassEquivalence, LossesBitIdenticalToNoPass) {
+  at::set_num_threads(1);
+  const int world = GetParam();
+  auto ref = runSchedule(compileConfig(), json::parse(R"([[0, ["zero3"]]])"), world);
+  for (const char* sched : {R"([[0, ["zero3", "prefetch"]]])", R"([[0, ["zero3", "selective_gather"]]])",
+                            R"([[0, ["zero3", "free_activations"]]])", R"([[0, ["zero3", "offload_activations"]]])",
+                            R"([[0, ["zero3"]], [2, ["zero3", "prefetch", "selective_gather", "free_activations"]]])"}) {
+    auto got = runSchedule(compileConfig(), json::parse(sched), world);
+    EXPECT_EQ(got.losses, ref.losses) << sched;
+    ASSERT_EQ(got.params.size(), ref.params.size());
+    for (size_t i = 0; i < ref.params.size(); ++i) EXPECT_TRUE(at::equal(got.params[i], ref.params[i])) << sched;
+    EXPECT_NE(got.program, ref.program) << sched << ": the pass changed nothing";
+  }
+  auto dflt = runSchedule(compileConfig(), json(), world);  // DeepSpeed's default schedule
+  EXPECT_EQ(dflt.losses, ref.losses);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, PassEquivalence, ::testing::Values(2, 4));
+
+std::string errorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const lt::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PassContracts, RequirementsAndConflicts) {
+  auto e = errorOf([] { validatePasses({"prefetch", "zero3"}, 5); });
+  EXPECT_NE(e.find("step 5: pass 'prefetch' requires 'zero3', which no earlier pass of this step provides"),
+            std::string::npos) << e;
+  e = errorOf([] { validatePasses({"zero3", "zero3"}, 0); });
+  EXPECT_NE(e.find("pass 'zero3' is listed twice"), std::string::npos) << e;
+  // Conflicts are checked both ways (a registry with a conflicting pair).
+  std::vector<PassInfo> reg{{"a", {"a"}, {}, {"b"}, nullptr}, {"b", {"b"}, {}, {}, nullptr}};
+  e = errorOf([&] { validatePasses({"b", "a"}, 7, reg); });
+  EXPECT_NE(e.find("step 7: passes 'b' and 'a' conflict"), std::string::npos) << e;
+  e = errorOf([&] { validatePasses({"a", "b"}, 7, reg); });
+  EXPECT_NE(e.find("step 7: passes 'a' and 'b' conflict"), std::string::npos) << e;
+  EXPECT_NO_THROW(validatePasses({"zero3", "prefetch", "selective_gather"}, 5));
+}
+
+TEST(Schedule, ErrorsAndConsumption) {
+  auto e = errorOf([] { Schedule({{5, {"zero3"}}, {3, {"zero3"}}}); });
+  EXPECT_NE(e.find("compile.schedule[1]: step 3 must be greater than the previous entry's step 5"), std::string::npos)
+      << e;
+  e = errorOf([] { Schedule({{0, {"zero3"}}, {0, {"zero3"}}}); });
+  EXPECT_NE(e.find("step 0 must be greater"), std::string::npos) << e;
+  e = errorOf([] { Schedule({{0, {"zero3", "prefech"}}}); });
+  EXPECT_NE(e.find("step 0: unknown pass 'prefech'; did you mean 'prefetch'?"), std::string::npos) << e;
+  Schedule s(defaultZero3Schedule());
+  EXPECT_EQ(s.take(0)->passes, (std::vector<std::string>{"zero3"}));
+  EXPECT_FALSE(s.take(1).has_value());
+  EXPECT_FALSE(s.take(4).has_value());
+  EXPECT_EQ(s.take(5)->passes.size(), 3u);
+  EXPECT_EQ(s.remaining(), 0u);
+  // Through the config: a schedule entry without zero3 under ZeRO-3.
+  json j = compileConfig();
+  j["compile"]["schedule"] = json::parse(R"([[0, ["free_activations"]]])");
+  e = errorOf([&] { runRanks(1, 1, [&](int, lt::comm::Groups& g) { lt::train::Engine(lt::train::parseConfig(j, 1), g); }); });
+  EXPECT_NE(e.find("step 0: zero_optimization.stage=3 needs the 'zero3' pass in every entry"), std::string::npos) << e;
+  j["compile"]["schedule"] = json::parse(R"([[0, "zero3"]])");
+  e = errorOf([&] { lt::train::parseConfig(j, 1); });
+  EXPECT_NE(e.find("'compile.schedule[0]' must be [step, [\"pass\", ...]]"), std::string::npos) << e;
+}
+
+TEST(Prefetch, StaysWithinItsBudgetPerTheLedger) {
+  at::set_num_threads(1);
+  // Blocks are 30976 bytes, the head 8320, the embedding 8192. A 50000-byte budget admits
+  // prefetching the small groups but never a block while another block is gathered.
+  const int64_t budget = 50000;
+  json j = compileConfig();
+  j["zero_optimization"]["stage3_max_live_parameters"] = budget / 4;
+  auto got = runSchedule(j, json::parse(R"([[0, ["zero3", "prefetch"]]])"), 2);
+  EXPECT_NE(got.program.find("Prefetch("), std::string::npos);  // some prefetches fit
+  EXPECT_LE(got.gatheredPeak, budget);
+  json wide = compileConfig();  // without the budget, blocks are prefetched too and the peak rises
+  auto all = runSchedule(wide, json::parse(R"([[0, ["zero3", "prefetch"]]])"), 2);
+  EXPECT_GT(all.gatheredPeak, budget);
+}
+
+TEST(Passes, GoldenListings) {
+  PassContext c;
+  c.numBlocks = 1;
+  c.groupBytes = {30976, 8320, 8192};  // block 0, head, embed
+  c.prefetchBucketBytes = 1 << 30;
+  c.maxLiveBytes = 1 << 30;
+  c.persistenceThresholdBytes = 8192;
+  c.memoryBudgetBytes = 30976 + 8320 + 8192;
+  auto base = baseProgram(1, false);
+  auto listing = [&](std::vector<std::string> names) {
+    std::string s = applyPasses(base, names, c).listing();
+    std::replace(s.begin(), s.end(), '\n', ' ');
+    return s;
+  };
+  EXPECT_EQ(listing({"zero3"}),
+            "Gather(2) Embed(2) Release(2) Gather(0) Forward(0) Release(0) Gather(1) LossAndGrad(1) Release(1) "
+            "ReduceGrads(1) Gather(0) RecomputeBackward(0) Release(0) ReduceGrads(0) EmbedBackward(2) ReduceGrads(2) "
+            "OptimizerStep ");
+  EXPECT_EQ(listing({"zero3", "prefetch"}),
+            "Prefetch(0) Gather(2) Embed(2) Release(2) Prefetch(1) Gather(0) Forward(0) Release(0) Prefetch(0) "
+            "Gather(1) LossAndGrad(1) Release(1) ReduceGrads(1) Gather(0) RecomputeBackward(0) Release(0) "
+            "ReduceGrads(0) EmbedBackward(2) ReduceGrads(2) OptimizerStep ");
+  // The embedding is at the persistence threshold; the head fits the budget after the peak.
+  EXPECT_EQ(listing({"zero3", "selective_gather"}),
+            "Gather(2) Embed(2) Gather(0) Forward(0) Release(0) Gather(1) LossAndGrad(1) ReduceGrads(1) Gather(0) "
+            "RecomputeBackward(0) Release(0) ReduceGrads(0) EmbedBackward(2) ReduceGrads(2) OptimizerStep ");
+  EXPECT_EQ(listing({"free_activations"}),
+            "Embed(2) Forward(0) LossAndGrad(1) ReduceGrads(1) RecomputeBackward(0) FreeActivation(0) ReduceGrads(0) "
+            "EmbedBackward(2) ReduceGrads(2) OptimizerStep ");
+  EXPECT_EQ(listing({"offload_activations"}),
+            "Embed(2) Forward(0) OffloadActivation(0) LossAndGrad(1) ReduceGrads(1) ReloadActivation(0) "
+            "RecomputeBackward(0) ReduceGrads(0) EmbedBackward(2) ReduceGrads(2) OptimizerStep ");
+  EXPECT_EQ(simulateGatheredPeak(applyPasses(base, {"zero3"}, c), c.groupBytes), 30976);
+}
+
+}  // namespace
