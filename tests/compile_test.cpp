@@ -162,6 +162,14 @@ TEST(Passes, GoldenListings) {
             "Prefetch(0) Gather(2) Embed(2) Release(2) Prefetch(1) Gather(0) Forward(0) Release(0) Prefetch(0) "
             "Gather(1) LossAndGrad(1) Release(1) ReduceGrads(1) Gather(0) RecomputeBackward(0) Release(0) "
             "ReduceGrads(0) EmbedBackward(2) ReduceGrads(2) OptimizerStep ");
+  c.maxLiveBytes = 40000;  // a block plus the head fits; two blocks would not
+  auto two = baseProgram(2, false);
+  PassContext c2 = c;
+  c2.numBlocks = 2;
+  c2.groupBytes = {30976, 30976, 8320, 8192};
+  auto pre = applyPasses(two, {"zero3", "prefetch"}, c2);
+  EXPECT_LE(simulateGatheredPeak(pre, c2.groupBytes), c2.maxLiveBytes);
+  EXPECT_NE(pre.listing().find("Prefetch(2)"), std::string::npos);
   // The embedding is at the persistence threshold; the head fits the budget after the peak.
   EXPECT_EQ(listing({"zero3", "selective_gather"}),
             "Gather(2) Embed(2) Gather(0) Forward(0) Release(0) Gather(1) LossAndGrad(1) ReduceGrads(1) Gather(0) "

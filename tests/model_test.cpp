@@ -70,8 +70,8 @@ TEST(StepProgram, BaseListing) {
   auto z = lt::compile::baseProgram(1, true, /*tied=*/true);  // the zero3 lowering, tied head
   EXPECT_EQ(z.listing(),
             "Gather(2)\nEmbed(2)\nRelease(2)\nGather(0)\nForward(0)\nRelease(0)\nGather(2)\nGather(1)\n"
-            "LossAndGrad(1)\nReduceGrads(1)\nRelease(1)\nRelease(2)\nGather(0)\nRecomputeBackward(0)\n"
-            "ReduceGrads(0)\nRelease(0)\nEmbedBackward(2)\nReduceGrads(2)\nOptimizerStep\n");
+            "LossAndGrad(1)\nRelease(1)\nRelease(2)\nReduceGrads(1)\nGather(0)\nRecomputeBackward(0)\n"
+            "Release(0)\nReduceGrads(0)\nEmbedBackward(2)\nReduceGrads(2)\nOptimizerStep\n");
 }
 
 TEST(Model, InitIsDeterministicFromSeed) {

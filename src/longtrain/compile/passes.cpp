@@ -53,30 +53,32 @@ std::vector<int64_t> liveGathered(const Program& p, const std::vector<int64_t>& 
 // Gather(g) stays, and waits for the prefetched data.
 Program passPrefetch(const Program& p, const PassContext& c) {
   Program out = p;
-  // Walk gathers from the end so earlier insertions do not shift the indices still to visit.
-  for (int i = static_cast<int>(out.code.size()) - 1; i >= 0; --i) {
+  // In program order, so each decision sees the prefetches already placed before it.
+  for (size_t i = 0; i < out.code.size(); ++i) {
     const Instr in = out.code[i];
     if (in.op != OpCode::OpGather) continue;
     const int64_t b = c.groupBytes[in.group];
     if (c.prefetchBucketBytes > 0 && b > c.prefetchBucketBytes) continue;
-    // The compute instruction before this gather (skipping the gather's own neighbours).
-    int j = i - 1;
+    // The compute instruction before this gather, then back over the Gathers feeding it,
+    // so the prefetch overlaps that whole instruction.
+    int j = static_cast<int>(i) - 1;
     while (j >= 0 && !isCompute(out.code[j].op)) --j;
     if (j < 0) continue;
+    while (j > 0 && out.code[j - 1].op == OpCode::OpGather) --j;
     // Not across an earlier use of the same group (it is released after that use).
     bool clash = false;
-    for (int k = j; k < i; ++k)
+    for (size_t k = j; k < i; ++k)
       if ((out.code[k].op == OpCode::OpGather || out.code[k].op == OpCode::OpRelease ||
            out.code[k].op == OpCode::OpPrefetch) && out.code[k].group == in.group)
         clash = true;
     if (clash) continue;
-    // Move back over the Gathers that feed instruction j, so the prefetch overlaps j itself.
-    while (j > 0 && out.code[j - 1].op == OpCode::OpGather) --j;
     auto live = liveGathered(out, c.groupBytes);
     int64_t peak = 0;
-    for (int k = j; k <= i; ++k) peak = std::max(peak, live[k]);
+    for (size_t k = j; k <= i; ++k) peak = std::max(peak, live[k + 1]);  // live after each
+    peak = std::max(peak, live[j]);
     if (c.maxLiveBytes > 0 && peak + b > c.maxLiveBytes) continue;
     out.code.insert(out.code.begin() + j, Instr{OpCode::OpPrefetch, in.group});
+    ++i;  // the gather moved one slot on
   }
   return out;
 }

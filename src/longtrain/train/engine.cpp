@@ -61,6 +61,11 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
   LT_CHECK(!cfg_.zero.offloadOptimizer.superOffload || cfg_.zero.offloadOptimizer.device == "cpu",
            "zero_optimization.offload_optimizer.super_offload=true needs offload_optimizer.device=\"cpu\"");
   model_ = std::make_unique<model::Model>(cfg_.model, cfg_.seed);
+  for (int g = 0; g < model_->numGroups(); ++g) {  // before ZeRO-3 frees the full tensors
+    int64_t b = 0;
+    for (const auto& p : model_->group(g)) b += p.tensor.numel() * 4;
+    passCtx_.groupBytes.push_back(b);
+  }
   train_ = makeDataset(cfg_, false);
   eval_ = cfg_.data.evalSamples > 0 ? makeDataset(cfg_, true) : nullptr;
 
@@ -119,11 +124,6 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
   base_ = compile::baseProgram(model_->numBlocks(), /*zero3=*/false, cfg_.model.tieEmbeddings);
   passCtx_.numBlocks = model_->numBlocks();
   passCtx_.tiedEmbeddings = cfg_.model.tieEmbeddings;
-  for (int g = 0; g < model_->numGroups(); ++g) {
-    int64_t b = 0;
-    for (const auto& p : model_->group(g)) b += p.tensor.numel() * 4;
-    passCtx_.groupBytes.push_back(b);
-  }
   passCtx_.prefetchBucketBytes = cfg_.zero.prefetchBucketSize * 4;
   passCtx_.maxLiveBytes = cfg_.zero.maxLiveParameters * 4;
   passCtx_.persistenceThresholdBytes = cfg_.zero.paramPersistenceThreshold * 4;
