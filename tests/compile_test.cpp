@@ -17,18 +17,12 @@ using lt::testing::runRanks;
 using namespace lt::compile;
 
 json compileConfig() {
-  return json::parse(R"({
-    "train_micro_batch_size_per_gpu": 2,
-    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
-    "gradient_clipping": 1.0,
-    "model": {"vocab_size": 64, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
-              "intermediate_size": 48},
-    "data": {"seq_len": 32, "num_samples": 512, "eval_samples": 0,
-             "kv": {"num_pairs": 4, "num_queries": 4, "num_keys": 16, "num_values": 8, "num_noise": 8}},
-    "zero_optimization": {"stage": 3, "sub_group_size": 3000, "stage3_param_persistence_threshold": 0},
-    "compile": {"deepcompile": true},
-    "train": {"steps": 5}
-  })");
+  json j = lt::testing::tinyTrainConfig();
+  j["gradient_clipping"] = 1.0;
+  j["zero_optimization"] = {{"stage", 3}, {"sub_group_size", 3000}, {"stage3_param_persistence_threshold", 0}};
+  j["compile"] = {{"deepcompile", true}};
+  j["train"]["steps"] = 5;
+  return j;
 }
 
 struct RunResult {

@@ -171,16 +171,9 @@ INSTANTIATE_TEST_SUITE_P(Degrees, UlyssesEquivalence,
 
 TEST(UlyssesEngine, SpTimesDpEqualsOneRank) {
   at::set_num_threads(1);
-  auto cfg = nlohmann::json::parse(R"({
-    "train_micro_batch_size_per_gpu": 2,
-    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
-    "gradient_clipping": 0.5,
-    "model": {"vocab_size": 64, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
-              "intermediate_size": 48},
-    "data": {"seq_len": 32, "num_samples": 512, "eval_samples": 8,
-             "kv": {"num_pairs": 4, "num_queries": 4, "num_keys": 16, "num_values": 8, "num_noise": 8}},
-    "train": {"steps": 3}
-  })");
+  auto cfg = lt::testing::tinyTrainConfig();
+  cfg["gradient_clipping"] = 0.5;
+  cfg["data"]["eval_samples"] = 8;
   auto ref = cfg;
   ref["gradient_accumulation_steps"] = 2;
   std::vector<at::Tensor> expect;

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -26,6 +28,20 @@ struct Tol {
   // ~1e-6; parameters after 3 steps were measured up to 4.8e-5 apart (SP x DP vs 1 rank).
   static constexpr double kAfterAdamSteps = 1e-4;
 };
+
+// The small model and kv_recall task the engine-level tests train (a few ms a step).
+// Tests add or change keys (ZeRO, SP, schedules) on a copy.
+inline nlohmann::json tinyTrainConfig() {
+  return nlohmann::json::parse(R"({
+    "train_micro_batch_size_per_gpu": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
+    "model": {"vocab_size": 64, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+              "intermediate_size": 48},
+    "data": {"seq_len": 32, "num_samples": 512, "eval_samples": 0,
+             "kv": {"num_pairs": 4, "num_queries": 4, "num_keys": 16, "num_values": 8, "num_noise": 8}},
+    "train": {"steps": 3}
+  })");
+}
 
 // max |a - b| / max |b| over all elements (0 when both are zero).
 inline double relErr(const at::Tensor& a, const at::Tensor& b) {

@@ -19,16 +19,9 @@ using lt::testing::runRanks;
 using lt::testing::Tol;
 
 json smallConfig() {
-  return json::parse(R"({
-    "train_micro_batch_size_per_gpu": 2,
-    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
-    "gradient_clipping": 0.5,
-    "model": {"vocab_size": 64, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
-              "intermediate_size": 48},
-    "data": {"seq_len": 32, "num_samples": 512, "eval_samples": 0,
-             "kv": {"num_pairs": 4, "num_queries": 4, "num_keys": 16, "num_values": 8, "num_noise": 8}},
-    "train": {"steps": 3}
-  })");
+  json j = lt::testing::tinyTrainConfig();
+  j["gradient_clipping"] = 0.5;
+  return j;
 }
 
 std::vector<at::Tensor> trainAndCollect(const lt::train::Config& c, lt::comm::Groups& g, int steps) {

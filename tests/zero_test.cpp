@@ -91,16 +91,10 @@ TEST(IpgBuckets, SingleParameterGroupsAndMissingGradients) {
 }
 
 json zeroConfig() {
-  return json::parse(R"({
-    "train_micro_batch_size_per_gpu": 2,
-    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
-    "model": {"vocab_size": 64, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
-              "intermediate_size": 48},
-    "data": {"seq_len": 32, "num_samples": 512, "eval_samples": 0,
-             "kv": {"num_pairs": 4, "num_queries": 4, "num_keys": 16, "num_values": 8, "num_noise": 8}},
-    "zero_optimization": {"stage": 3, "sub_group_size": 3000},
-    "train": {"steps": 5}
-  })");
+  json j = lt::testing::tinyTrainConfig();
+  j["zero_optimization"] = {{"stage", 3}, {"sub_group_size", 3000}};
+  j["train"]["steps"] = 5;
+  return j;
 }
 
 json withSuperOffload(json j) {
@@ -223,8 +217,8 @@ TEST(Zero3, NanGradientRollsBackExactlyAndTrainingContinues) {
     }
     if (r == 1) z->injectGradValue(1, std::numeric_limits<float>::quiet_NaN());
     auto st = e.step();
-    EXPECT_TRUE(st.skipped);
-    EXPECT_GT(st.rolledBack, 0);
+    EXPECT_TRUE(st.zero.skipped);
+    EXPECT_GT(st.zero.rolledBack, 0);
     for (int s = 0; s < z->numSubGroups(); ++s) {
       int64_t n = z->masterPartition(s).numel();
       EXPECT_TRUE(at::equal(z->masterPartition(s), master[s])) << "sub-group " << s;
@@ -234,7 +228,7 @@ TEST(Zero3, NanGradientRollsBackExactlyAndTrainingContinues) {
     }
     EXPECT_EQ(z->skippedSteps(), 1);
     auto next = e.step();  // training continues
-    EXPECT_FALSE(next.skipped);
+    EXPECT_FALSE(next.zero.skipped);
     EXPECT_TRUE(std::isfinite(next.loss));
     EXPECT_EQ(z->adam().stepCount(0), steps[0] + 1);
   });

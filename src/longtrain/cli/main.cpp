@@ -3,6 +3,7 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <cstdio>
@@ -22,12 +23,21 @@ int envInt(const char* k, int def) {
   return v && *v ? std::atoi(v) : def;
 }
 
-int cmdTrain(int argc, char** argv, const std::string& configPath, int nproc, const std::vector<std::string>& sets,
+int cmdTrain(int argc, char** argv, const std::string& configPath, int nprocFlag, const std::vector<std::string>& sets,
              const std::string& metricsPath, bool printProgram) {
   const bool inRank = std::getenv("WORLD_SIZE") != nullptr;
+  nlohmann::json j = lt::train::loadConfigJson(configPath, sets);
+  // --nproc wins; else the config's train.nproc (validated by parseConfig below).
+  int nproc = nprocFlag;
+  if (nproc <= 0) {
+    nproc = 1;
+    if (j.contains("train") && j["train"].is_object() && j["train"].contains("nproc") &&
+        j["train"]["nproc"].is_number_integer())
+      nproc = std::max(1, j["train"]["nproc"].get<int>());
+  }
   const int world = inRank ? envInt("WORLD_SIZE", 1) : nproc;
   // Validate before launching, so a config error is reported once, not once per rank.
-  lt::train::Config cfg = lt::train::loadConfig(configPath, sets, world);
+  lt::train::Config cfg = lt::train::parseConfig(j, world);
   if (!inRank && nproc > 1) {
     std::vector<std::string> args(argv, argv + argc);
     lt::comm::LaunchOptions lo;
@@ -71,11 +81,12 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   auto* train = app.add_subcommand("train", "train a model from a JSON config (DeepSpeed key names)");
   std::string config, metrics;
-  int nproc = 1;
+  int nproc = 0;  // 0: the config's train.nproc
   std::vector<std::string> sets;
   bool printProgram = false;
   train->add_option("CONFIG", config, "path of the JSON config")->required();
-  train->add_option("--nproc", nproc, "local ranks to launch (like torchrun --standalone --nproc-per-node)")
+  train->add_option("--nproc", nproc, "local ranks to launch (like torchrun --standalone --nproc-per-node); "
+                                     "default: the config's train.nproc")
       ->check(CLI::Range(1, 1024));
   train->add_option("--set", sets, "override a config key by its dotted path with a JSON value, e.g. "
                                    "--set zero_optimization.stage=3 (repeatable)");

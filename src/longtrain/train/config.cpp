@@ -285,6 +285,7 @@ Config parseConfig(const json& j, int worldSize) {
   {
     Section t = root.sub("train");
     c.train.steps = t.getInt("steps", 100, 1, kBig);
+    c.train.nproc = static_cast<int>(t.getInt("nproc", 1, 1, 1024));
     c.train.threads = static_cast<int>(t.getInt("threads", 0, 0, 4096));
     c.train.evalEvery = t.getInt("eval_every", 0, 0, kBig);
     c.train.commTimeoutS = t.getNum("comm_timeout_s", 60, 0.1, 1e6);
@@ -323,13 +324,17 @@ void applyOverride(json& j, const std::string& assignment) {
   }
 }
 
-Config loadConfig(const std::string& path, const std::vector<std::string>& overrides, int worldSize) {
+json loadConfigJson(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream f(path);
   LT_CHECK(f.good(), "cannot open config file '", path, "'");
   json j = json::parse(f, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
   LT_CHECK(!j.is_discarded(), "config file '", path, "' is not valid JSON");
   for (const auto& o : overrides) applyOverride(j, o);
-  return parseConfig(j, worldSize);
+  return j;
+}
+
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides, int worldSize) {
+  return parseConfig(loadConfigJson(path, overrides), worldSize);
 }
 
 }  // namespace lt::train

@@ -59,6 +59,7 @@ struct DataConfig {
 
 struct TrainSection {
   int64_t steps = 100;
+  int nproc = 1;    // local ranks `longtrain train` launches when no launcher started it
   int threads = 0;  // intra-op threads per rank; 0 = the cores this rank owns
   int64_t evalEvery = 0;  // 0 = only at the end
   double commTimeoutS = 60;
@@ -88,6 +89,8 @@ struct Config {
 // (train_batch_size = micro × accumulation × data-parallel size, dp = world / SP).
 Config parseConfig(const nlohmann::json& j, int worldSize);
 Config loadConfig(const std::string& path, const std::vector<std::string>& overrides, int worldSize);
+// The config file as JSON with the overrides applied (not validated yet).
+nlohmann::json loadConfigJson(const std::string& path, const std::vector<std::string>& overrides);
 
 // Applies one `--set a.b.c=VALUE` override (VALUE is JSON; a bare word is taken as a string).
 void applyOverride(nlohmann::json& j, const std::string& assignment);

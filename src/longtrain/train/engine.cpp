@@ -301,13 +301,7 @@ StepMetrics Engine::step() {
   m.peakRssBytes = static_cast<int64_t>(peak.item<double>());
   m.exposedGatherS = exposedGather;
   m.activationPeakBytes = activationPeak;
-  m.skipped = lastZero_.skipped;
-  m.speculated = lastZero_.speculated;
-  m.rolledBack = lastZero_.rolledBack;
-  m.optimizerWaitS = lastZero_.waitSeconds;
-  m.optimizerAdamS = lastZero_.adamSeconds;
-  m.workerSnapshotS = lastZero_.workerSnapshotSeconds;
-  m.workerAdamS = lastZero_.workerAdamSeconds;
+  m.zero = lastZero_;
   m.stepTimeS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
 }

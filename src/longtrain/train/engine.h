@@ -36,10 +36,7 @@ struct StepMetrics {
   int64_t tokens = 0;      // tokens processed by all ranks in this step
   double stepTimeS = 0;
   int64_t peakRssBytes = 0;  // max over ranks
-  bool skipped = false;      // ZeRO-3: non-finite gradient, the step was rolled back
-  int speculated = 0, rolledBack = 0;  // SuperOffload sub-groups this step
-  double optimizerWaitS = 0, optimizerAdamS = 0;  // ZeRO-3: time inside OptimizerStep
-  double workerSnapshotS = 0, workerAdamS = 0;    // SuperOffload worker, this step
+  zero::ZeroStepResult zero;  // ZeRO-3 only: skip, speculation and optimizer timings
   double exposedGatherS = 0;     // time the first micro-batch waited in Gather instructions
   int64_t activationPeakBytes = 0;  // kept block inputs on the device, at their peak
 };

@@ -92,12 +92,12 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
           j["zero_rollback_bytes"] = l.rollbackBytes;
           j["zero_gathered_peak_bytes"] = l.gatheredPeakBytes;
           j["zero_unpartitioned_bytes"] = l.unpartitionedBytes;
-          j["speculated_subgroups"] = m.speculated;
-          j["rolled_back_subgroups"] = m.rolledBack;
-          j["optimizer_wait_s"] = m.optimizerWaitS;
-          j["optimizer_adam_s"] = m.optimizerAdamS;
-          j["worker_snapshot_s"] = m.workerSnapshotS;
-          j["worker_adam_s"] = m.workerAdamS;
+          j["speculated_subgroups"] = m.zero.speculated;
+          j["rolled_back_subgroups"] = m.zero.rolledBack;
+          j["optimizer_wait_s"] = m.zero.waitSeconds;
+          j["optimizer_adam_s"] = m.zero.adamSeconds;
+          j["worker_snapshot_s"] = m.zero.workerSnapshotSeconds;
+          j["worker_adam_s"] = m.zero.workerAdamSeconds;
         }
         if (evalNow) {
           j["eval_loss"] = e.loss;
