@@ -394,3 +394,34 @@ TEST_F(CpuAdamTest, RejectsBadInput) {
 }
 
 }  // namespace
+
+namespace {
+
+// A speculative step writes shadows and leaves the state alone; committing it gives exactly
+// the in-place step; not committing is an exact rollback.
+TEST_F(CpuAdamTest, SpeculativeStepCommitsBitIdenticallyAndRollsBackExactly) {
+  const int64_t n = 1000;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  auto p0 = at::randn({n}, gen), g = at::randn({n}, gen);
+  lt::offload::AdamParams ap;
+  lt::offload::CpuAdam a(ap, 1), b(ap, 1);
+  a.addGroup(n);
+  b.addGroup(n);
+  auto pa = p0.clone(), pb = p0.clone(), out = at::empty({n});
+  for (int s = 0; s < 3; ++s) {
+    a.step(0, pa.data_ptr<float>(), g.data_ptr<float>());
+    b.stepSpeculative(0, pb.data_ptr<float>(), g.data_ptr<float>(), out.data_ptr<float>());
+    if (s == 1) {  // roll back this one: nothing changed
+      EXPECT_EQ(b.stepCount(0), 1);
+      b.stepSpeculative(0, pb.data_ptr<float>(), g.data_ptr<float>(), out.data_ptr<float>());
+    }
+    b.commitSpeculative(0);
+    pb.copy_(out);
+    EXPECT_TRUE(at::equal(pa, pb)) << "step " << s;
+    EXPECT_EQ(std::memcmp(a.expAvg(0), b.expAvg(0), n * 4), 0);
+    EXPECT_EQ(std::memcmp(a.expAvgSq(0), b.expAvgSq(0), n * 4), 0);
+    EXPECT_EQ(a.stepCount(0), b.stepCount(0));
+  }
+}
+
+}  // namespace

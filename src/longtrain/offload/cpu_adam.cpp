@@ -126,8 +126,14 @@ inline float scalarUpdate(float p, float g, float& m, float& v, const AdamCoeffs
 }
 
 template <bool kL2>
-void scalarKernel(float* p, const float* g, float* m, float* v, int64_t n, const AdamCoeffs& c) {
-  for (int64_t i = 0; i < n; ++i) p[i] = scalarUpdate<kL2>(p[i], g[i], m[i], v[i], c);
+void scalarKernel(const float* pIn, const float* mIn, const float* vIn, const float* g, float* p, float* m,
+                  float* v, int64_t n, const AdamCoeffs& c) {
+  for (int64_t i = 0; i < n; ++i) {
+    float mm = mIn[i], vv = vIn[i];
+    p[i] = scalarUpdate<kL2>(pIn[i], g[i], mm, vv, c);
+    m[i] = mm;
+    v[i] = vv;
+  }
 }
 
 template <bool kL2>
@@ -145,14 +151,14 @@ void scalarKernelBf16(uint16_t* pBf16, float* pMaster, const float* g, float* m,
 #pragma GCC pop_options
 #endif
 
-void runKernel(AdamIsa isa, float* p, const float* g, float* m, float* v, int64_t n,
-               const AdamCoeffs& c) {
+void runKernel(AdamIsa isa, const float* pIn, const float* mIn, const float* vIn, const float* g, float* p,
+               float* m, float* v, int64_t n, const AdamCoeffs& c) {
   switch (isa) {
-    case AdamIsa::AdamIsaAvx512: return detail::adamKernelAvx512(p, g, m, v, n, c);
-    case AdamIsa::AdamIsaAvx2: return detail::adamKernelAvx2(p, g, m, v, n, c);
+    case AdamIsa::AdamIsaAvx512: return detail::adamKernelAvx512(pIn, mIn, vIn, g, p, m, v, n, c);
+    case AdamIsa::AdamIsaAvx2: return detail::adamKernelAvx2(pIn, mIn, vIn, g, p, m, v, n, c);
     case AdamIsa::AdamIsaScalar:
-      return c.l2 != 0 ? scalarKernel<true>(p, g, m, v, n, c)
-                       : scalarKernel<false>(p, g, m, v, n, c);
+      return c.l2 != 0 ? scalarKernel<true>(pIn, mIn, vIn, g, p, m, v, n, c)
+                       : scalarKernel<false>(pIn, mIn, vIn, g, p, m, v, n, c);
   }
 }
 
@@ -200,7 +206,18 @@ void adamStepWith(AdamIsa isa, float* p, const float* g, float* m, float* v, int
   checkArgs(p, g, m, v, n, step, params);
   const AdamCoeffs c = makeCoeffs(params, step);
   parallelChunks(n, threads, [&](int64_t b, int64_t e) {
-    runKernel(isa, p + b, g + b, m + b, v + b, e - b, c);
+    runKernel(isa, p + b, m + b, v + b, g + b, p + b, m + b, v + b, e - b, c);
+  });
+}
+
+void adamStepInto(const float* pIn, const float* mIn, const float* vIn, const float* g, float* pOut,
+                  float* mOut, float* vOut, int64_t n, int64_t step, const AdamParams& params, int threads) {
+  const AdamIsa isa = adamBestIsa();
+  checkArgs(pIn, g, mIn, vIn, n, step, params);
+  checkArgs(pOut, g, mOut, vOut, n, step, params);
+  const AdamCoeffs c = makeCoeffs(params, step);
+  parallelChunks(n, threads, [&](int64_t b, int64_t e) {
+    runKernel(isa, pIn + b, mIn + b, vIn + b, g + b, pOut + b, mOut + b, vOut + b, e - b, c);
   });
 }
 
@@ -238,20 +255,20 @@ CpuAdam::CpuAdam(AdamParams params, int threads) : params_(params), threads_(thr
 
 CpuAdam::~CpuAdam() = default;
 
-int CpuAdam::addGroup(int64_t numel) {
-  LT_CHECK(numel > 0, "CpuAdam::addGroup: numel = ", numel, "; expected a positive count");
+CpuAdam::Buffer CpuAdam::allocBuffer(int64_t numel) {
   // aligned_alloc wants a multiple of the alignment.
   const size_t bytes = (static_cast<size_t>(numel) * sizeof(float) + 63) / 64 * 64;
-  auto alloc = [&] {
-    Buffer b(static_cast<float*>(std::aligned_alloc(64, bytes)));
-    LT_CHECK(b != nullptr, "CpuAdam::addGroup: cannot allocate ", bytes,
-             " bytes for a group of ", numel, " elements");
-    std::memset(b.get(), 0, bytes);
-    return b;
-  };
+  Buffer b(static_cast<float*>(std::aligned_alloc(64, bytes)));
+  LT_CHECK(b != nullptr, "CpuAdam: cannot allocate ", bytes, " bytes for a group of ", numel, " elements");
+  std::memset(b.get(), 0, bytes);
+  return b;
+}
+
+int CpuAdam::addGroup(int64_t numel) {
+  LT_CHECK(numel > 0, "CpuAdam::addGroup: numel = ", numel, "; expected a positive count");
   Group g;
-  g.m = alloc();
-  g.v = alloc();
+  g.m = allocBuffer(numel);
+  g.v = allocBuffer(numel);
   g.numel = numel;
   groups_.push_back(std::move(g));
   return static_cast<int>(groups_.size()) - 1;
@@ -279,6 +296,24 @@ void CpuAdam::stepBf16(int group, uint16_t* pBf16, float* pMaster, const float* 
   checkArgs(pBf16, g, gr.m.get(), gr.v.get(), gr.numel, gr.step + 1, params_);
   ++gr.step;
   adamStepBf16(pBf16, pMaster, g, gr.m.get(), gr.v.get(), gr.numel, gr.step, params_, threads_);
+}
+
+void CpuAdam::stepSpeculative(int group, const float* p, const float* g, float* pOut) {
+  Group& gr = groupAt(group);
+  if (!gr.mShadow) {
+    gr.mShadow = allocBuffer(gr.numel);
+    gr.vShadow = allocBuffer(gr.numel);
+  }
+  adamStepInto(p, gr.m.get(), gr.v.get(), g, pOut, gr.mShadow.get(), gr.vShadow.get(), gr.numel, gr.step + 1,
+               params_, threads_);
+}
+
+void CpuAdam::commitSpeculative(int group) {
+  Group& gr = groupAt(group);
+  LT_ASSERT(gr.mShadow != nullptr, "commitSpeculative without a speculative step");
+  std::swap(gr.m, gr.mShadow);
+  std::swap(gr.v, gr.vShadow);
+  ++gr.step;
 }
 
 int CpuAdam::groupCount() const { return static_cast<int>(groups_.size()); }

@@ -43,6 +43,13 @@ void adamStep(float* p, const float* g, float* m, float* v, int64_t n, int64_t s
 void adamStepWith(AdamIsa isa, float* p, const float* g, float* m, float* v, int64_t n,
                   int64_t step, const AdamParams& params, int threads);
 
+// Out of place: reads (pIn, mIn, vIn), writes (pOut, mOut, vOut); the inputs are untouched.
+// The arithmetic is the in-place step's, so the outputs are bit-identical to it. This is what
+// makes SuperOffload's rollback exact at no extra memory traffic: a speculative step writes
+// shadow buffers, committing swaps them in, rolling back drops them.
+void adamStepInto(const float* pIn, const float* mIn, const float* vIn, const float* g, float* pOut,
+                  float* mOut, float* vOut, int64_t n, int64_t step, const AdamParams& params, int threads);
+
 // bf16 parameters with fp32 states. With pMaster, the fp32 master is updated and pBf16 only
 // written (round to nearest even); without it (nullptr), pBf16 is widened, updated in fp32
 // and rounded back. NaN becomes the quiet NaN 0x7FC0, as c10::BFloat16 does.
@@ -67,6 +74,12 @@ class CpuAdam {
   void step(int group, float* p, const float* g);
   // The same for bf16 parameters (see adamStepBf16).
   void stepBf16(int group, uint16_t* pBf16, float* pMaster, const float* g);
+  // A speculative step: from p and the group's state, writes pOut and the group's shadow m, v
+  // (allocated on first use); the state and step count stay as they were until
+  // commitSpeculative (which swaps the shadows in and counts the step). Not committing is the
+  // rollback, exact by construction.
+  void stepSpeculative(int group, const float* p, const float* g, float* pOut);
+  void commitSpeculative(int group);
 
   int groupCount() const;
   int64_t groupNumel(int group) const;
@@ -84,8 +97,10 @@ class CpuAdam {
     void operator()(float* ptr) const;
   };
   using Buffer = std::unique_ptr<float[], AlignedFree>;
+  static Buffer allocBuffer(int64_t numel);
   struct Group {
     Buffer m, v;
+    Buffer mShadow, vShadow;  // speculative step outputs
     int64_t numel = 0;
     int64_t step = 0;
   };
@@ -112,12 +127,13 @@ struct AdamCoeffs {
 
 // The per-ISA kernels over [0, n), defined in cpu_adam_avx2.cpp / cpu_adam_avx512.cpp. They
 // execute ISA instructions unconditionally: call them only through the dispatch above.
-void adamKernelAvx2(float* p, const float* g, float* m, float* v, int64_t n,
-                    const AdamCoeffs& c);
+// fp32 kernels read (pIn, mIn, vIn) and write (p, m, v); in place when they are the same.
+void adamKernelAvx2(const float* pIn, const float* mIn, const float* vIn, const float* g, float* p, float* m,
+                    float* v, int64_t n, const AdamCoeffs& c);
 void adamKernelBf16Avx2(uint16_t* pBf16, float* pMaster, const float* g, float* m, float* v,
                         int64_t n, const AdamCoeffs& c);
-void adamKernelAvx512(float* p, const float* g, float* m, float* v, int64_t n,
-                      const AdamCoeffs& c);
+void adamKernelAvx512(const float* pIn, const float* mIn, const float* vIn, const float* g, float* p, float* m,
+                      float* v, int64_t n, const AdamCoeffs& c);
 void adamKernelBf16Avx512(uint16_t* pBf16, float* pMaster, const float* g, float* m, float* v,
                           int64_t n, const AdamCoeffs& c);
 

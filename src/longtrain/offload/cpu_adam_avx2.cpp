@@ -63,12 +63,13 @@ __attribute__((always_inline)) inline void bf16Store(uint16_t* dst, __m256 x) {
 }
 
 template <bool kL2>
-void fp32Kernel(float* p, const float* g, float* m, float* v, int64_t n, const AdamCoeffs& coeffs) {
+void fp32Kernel(const float* pIn, const float* mIn, const float* vIn, const float* g, float* p, float* m,
+                float* v, int64_t n, const AdamCoeffs& coeffs) {
   const Coeffs8 c(coeffs);
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    __m256 mm = _mm256_loadu_ps(m + i), vv = _mm256_loadu_ps(v + i);
-    const __m256 pp = update<kL2>(_mm256_loadu_ps(p + i), _mm256_loadu_ps(g + i), mm, vv, c);
+    __m256 mm = _mm256_loadu_ps(mIn + i), vv = _mm256_loadu_ps(vIn + i);
+    const __m256 pp = update<kL2>(_mm256_loadu_ps(pIn + i), _mm256_loadu_ps(g + i), mm, vv, c);
     _mm256_storeu_ps(p + i, pp);
     _mm256_storeu_ps(m + i, mm);
     _mm256_storeu_ps(v + i, vv);
@@ -77,7 +78,7 @@ void fp32Kernel(float* p, const float* g, float* m, float* v, int64_t n, const A
   alignas(32) float tp[kLanes] = {}, tg[kLanes] = {}, tm[kLanes] = {}, tv[kLanes] = {};
   const int64_t r = n - i;
   for (int64_t j = 0; j < r; ++j) {
-    tp[j] = p[i + j], tg[j] = g[i + j], tm[j] = m[i + j], tv[j] = v[i + j];
+    tp[j] = pIn[i + j], tg[j] = g[i + j], tm[j] = mIn[i + j], tv[j] = vIn[i + j];
   }
   __m256 mm = _mm256_load_ps(tm), vv = _mm256_load_ps(tv);
   _mm256_store_ps(tp, update<kL2>(_mm256_load_ps(tp), _mm256_load_ps(tg), mm, vv, c));
@@ -124,9 +125,10 @@ void bf16Kernel(uint16_t* pBf16, float* pMaster, const float* g, float* m, float
 
 }  // namespace
 
-void adamKernelAvx2(float* p, const float* g, float* m, float* v, int64_t n, const AdamCoeffs& c) {
-  if (c.l2 != 0) fp32Kernel<true>(p, g, m, v, n, c);
-  else fp32Kernel<false>(p, g, m, v, n, c);
+void adamKernelAvx2(const float* pIn, const float* mIn, const float* vIn, const float* g, float* p, float* m,
+                    float* v, int64_t n, const AdamCoeffs& c) {
+  if (c.l2 != 0) fp32Kernel<true>(pIn, mIn, vIn, g, p, m, v, n, c);
+  else fp32Kernel<false>(pIn, mIn, vIn, g, p, m, v, n, c);
 }
 
 void adamKernelBf16Avx2(uint16_t* pBf16, float* pMaster, const float* g, float* m, float* v,

@@ -60,14 +60,15 @@ __attribute__((always_inline)) inline void bf16Store(uint16_t* dst, __m512 x, __
 }
 
 template <bool kL2>
-void fp32Kernel(float* p, const float* g, float* m, float* v, int64_t n, const AdamCoeffs& coeffs) {
+void fp32Kernel(const float* pIn, const float* mIn, const float* vIn, const float* g, float* p, float* m,
+                float* v, int64_t n, const AdamCoeffs& coeffs) {
   const Coeffs16 c(coeffs);
   for (int64_t i = 0; i < n; i += kLanes) {
     const int64_t r = n - i;
     const __mmask16 k = r >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << r) - 1);
-    __m512 mm = _mm512_maskz_loadu_ps(k, m + i), vv = _mm512_maskz_loadu_ps(k, v + i);
+    __m512 mm = _mm512_maskz_loadu_ps(k, mIn + i), vv = _mm512_maskz_loadu_ps(k, vIn + i);
     const __m512 pp =
-        update<kL2>(_mm512_maskz_loadu_ps(k, p + i), _mm512_maskz_loadu_ps(k, g + i), mm, vv, c);
+        update<kL2>(_mm512_maskz_loadu_ps(k, pIn + i), _mm512_maskz_loadu_ps(k, g + i), mm, vv, c);
     _mm512_mask_storeu_ps(p + i, k, pp);
     _mm512_mask_storeu_ps(m + i, k, mm);
     _mm512_mask_storeu_ps(v + i, k, vv);
@@ -93,10 +94,10 @@ void bf16Kernel(uint16_t* pBf16, float* pMaster, const float* g, float* m, float
 
 }  // namespace
 
-void adamKernelAvx512(float* p, const float* g, float* m, float* v, int64_t n,
-                      const AdamCoeffs& c) {
-  if (c.l2 != 0) fp32Kernel<true>(p, g, m, v, n, c);
-  else fp32Kernel<false>(p, g, m, v, n, c);
+void adamKernelAvx512(const float* pIn, const float* mIn, const float* vIn, const float* g, float* p, float* m,
+                      float* v, int64_t n, const AdamCoeffs& c) {
+  if (c.l2 != 0) fp32Kernel<true>(pIn, mIn, vIn, g, p, m, v, n, c);
+  else fp32Kernel<false>(pIn, mIn, vIn, g, p, m, v, n, c);
 }
 
 void adamKernelBf16Avx512(uint16_t* pBf16, float* pMaster, const float* g, float* m, float* v,

@@ -96,7 +96,6 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
           j["rolled_back_subgroups"] = m.zero.rolledBack;
           j["optimizer_wait_s"] = m.zero.waitSeconds;
           j["optimizer_adam_s"] = m.zero.adamSeconds;
-          j["worker_snapshot_s"] = m.zero.workerSnapshotSeconds;
           j["worker_adam_s"] = m.zero.workerAdamSeconds;
         }
         if (evalNow) {

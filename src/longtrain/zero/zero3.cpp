@@ -196,32 +196,16 @@ void Zero3::gradFinal(int sgId) {
 }
 
 // ---------------------------------------------------------------------------- Adam
-void Zero3::stepSubGroup(int sgId, int /*threads*/) {
+void Zero3::stepSubGroup(int sgId) {
   auto& sg = subGroups_[sgId];
   adam_->step(sg.adamGroup, sg.master.data_ptr<float>(), sg.grad.data_ptr<float>());
 }
 
-void Zero3::snapshot(int sgId) {
+void Zero3::stepSpeculative(int sgId) {
   auto& sg = subGroups_[sgId];
-  if (!sg.backupMaster.defined()) {
-    sg.backupMaster = at::empty({sg.partNumel}, at::kFloat);
-    sg.backupM = at::empty({sg.partNumel}, at::kFloat);
-    sg.backupV = at::empty({sg.partNumel}, at::kFloat);
-  }
-  const size_t bytes = sg.partNumel * sizeof(float);
-  std::memcpy(sg.backupMaster.data_ptr<float>(), sg.master.data_ptr<float>(), bytes);
-  std::memcpy(sg.backupM.data_ptr<float>(), adam_->expAvg(sg.adamGroup), bytes);
-  std::memcpy(sg.backupV.data_ptr<float>(), adam_->expAvgSq(sg.adamGroup), bytes);
-  sg.backupStep = adam_->stepCount(sg.adamGroup);
-}
-
-void Zero3::rollback(int sgId) {
-  auto& sg = subGroups_[sgId];
-  const size_t bytes = sg.partNumel * sizeof(float);
-  std::memcpy(sg.master.data_ptr<float>(), sg.backupMaster.data_ptr<float>(), bytes);
-  std::memcpy(adam_->expAvg(sg.adamGroup), sg.backupM.data_ptr<float>(), bytes);
-  std::memcpy(adam_->expAvgSq(sg.adamGroup), sg.backupV.data_ptr<float>(), bytes);
-  adam_->setStepCount(sg.adamGroup, sg.backupStep);
+  if (!sg.shadowMaster.defined()) sg.shadowMaster = at::empty({sg.partNumel}, at::kFloat);
+  adam_->stepSpeculative(sg.adamGroup, sg.master.data_ptr<float>(), sg.grad.data_ptr<float>(),
+                         sg.shadowMaster.data_ptr<float>());
 }
 
 void Zero3::workerLoop() {
@@ -235,12 +219,8 @@ void Zero3::workerLoop() {
     try {
       using Clock = std::chrono::steady_clock;
       auto t0 = Clock::now();
-      snapshot(t->subGroup);
-      auto t1 = Clock::now();
-      stepSubGroup(t->subGroup, o_.workerCores);
-      auto t2 = Clock::now();
-      workerSnapshotNs_ += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
-      workerAdamNs_ += std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count();
+      stepSpeculative(t->subGroup);
+      workerAdamNs_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
       results_.push(int(t->subGroup));
     } catch (...) {
       results_.push(-1 - t->subGroup);
@@ -269,7 +249,6 @@ ZeroStepResult Zero3::step() {
   drainResults(dispatched_);
   ZeroStepResult res;
   res.waitSeconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  res.workerSnapshotSeconds = workerSnapshotNs_.exchange(0) * 1e-9;
   res.workerAdamSeconds = workerAdamNs_.exchange(0) * 1e-9;
   res.speculated = dispatched_;
   dispatched_ = 0;
@@ -283,14 +262,18 @@ ZeroStepResult Zero3::step() {
   const bool finite = std::isfinite(res.gradNorm);
   const bool clip = finite && o_.gradientClipping > 0 && res.gradNorm > o_.gradientClipping;
 
-  if (!finite || clip) {
-    for (int s = 0; s < numSubGroups(); ++s)
-      if (subGroups_[s].speculated) {
-        rollback(s);
-        subGroups_[s].speculated = false;
-        ++res.rolledBack;
-      }
+  for (int s = 0; s < numSubGroups(); ++s) {
+    auto& sg = subGroups_[s];
+    if (!sg.speculated) continue;
+    if (!finite || clip) {
+      ++res.rolledBack;  // drop the shadows: state and step count never changed
+    } else {
+      std::swap(sg.master, sg.shadowMaster);
+      adam_->commitSpeculative(sg.adamGroup);
+    }
   }
+  if (!finite || clip)
+    for (auto& sg : subGroups_) sg.speculated = false;
   if (!finite) {
     res.skipped = true;
     ++skipped_;
@@ -302,7 +285,7 @@ ZeroStepResult Zero3::step() {
     }
     auto t1 = Clock::now();
     for (int s = 0; s < numSubGroups(); ++s)
-      if (!subGroups_[s].speculated) stepSubGroup(s, o_.workerCores);
+      if (!subGroups_[s].speculated) stepSubGroup(s);
     res.adamSeconds = std::chrono::duration<double>(Clock::now() - t1).count();
   }
   for (auto& sg : subGroups_) {

@@ -11,8 +11,10 @@
 //   Adam worker (its own pinned cores) while backward goes on, before the global norm and
 //   the finite check are known (speculation). step() validates: on a non-finite gradient it
 //   rolls every speculated sub-group back and skips the step; above gradient_clipping it
-//   rolls back, clips and re-steps. Rollback restores a copy taken before the speculative
-//   step, so it is exact (DeepSpeed inverts Adam algebraically, which is not).
+//   rolls back, clips and re-steps. A speculative step writes shadow buffers (master, m, v)
+//   and leaves the state as it was; committing swaps the shadows in, rolling back drops them.
+//   So rollback is exact (DeepSpeed inverts Adam algebraically, which is not) and costs 12
+//   bytes per offloaded parameter and no extra memory traffic.
 // Gradients are summed over the world (SP ranks' partial gradients and DP ranks) and
 // divided by the DP size, as the non-ZeRO engine does.
 #pragma once
@@ -50,7 +52,7 @@ struct Ledger {
   int64_t paramBytes = 0;      // fp32 master partitions
   int64_t gradBytes = 0;       // fp32 gradient partitions
   int64_t optimBytes = 0;      // Adam m and v partitions
-  int64_t rollbackBytes = 0;   // copies kept for exact rollback (super_offload only)
+  int64_t rollbackBytes = 0;   // shadow master, m, v for exact rollback (super_offload only)
   int64_t gatheredBytes = 0;   // full parameters gathered right now
   int64_t gatheredPeakBytes = 0;
   int64_t unpartitionedBytes = 0;  // params + grads + Adam states of the whole model, fp32
@@ -64,7 +66,6 @@ struct ZeroStepResult {
   int rolledBack = 0;
   double waitSeconds = 0;     // step() waiting for reduce-scatters and the worker
   double adamSeconds = 0;     // step() running Adam itself (sub-groups not speculated, re-steps)
-  double workerSnapshotSeconds = 0;  // the worker copying state for exact rollback
   double workerAdamSeconds = 0;      // the worker's speculative Adam steps
 };
 
@@ -111,8 +112,7 @@ class Zero3 {
     std::vector<int> params;
     int64_t partNumel = 0;   // sum of the params' chunks
     at::Tensor master, grad; // [partNumel] fp32
-    at::Tensor backupMaster, backupM, backupV;  // rollback copies (super_offload)
-    int64_t backupStep = 0;
+    at::Tensor shadowMaster;  // the speculative step's output (super_offload)
     int adamGroup = -1;
     bool offloaded = false;  // stepped by the worker
     bool speculated = false; // stepped this step, not validated yet
@@ -136,9 +136,8 @@ class Zero3 {
   void pollReduces(bool block);
   void finishReduce(PendingReduce& r);
   void gradFinal(int sg);
-  void stepSubGroup(int sg, int threads);  // the trainer-side or worker-side Adam step
-  void snapshot(int sg);
-  void rollback(int sg);
+  void stepSubGroup(int sg);     // a committed Adam step (trainer side)
+  void stepSpeculative(int sg);  // worker side: into the shadows
   void workerLoop();
   void drainResults(int expected);
 
@@ -162,7 +161,7 @@ class Zero3 {
   Channel<Task> tasks_;
   Channel<int> results_;  // sub-group ids stepped by the worker (-1 - sg on failure)
   std::thread worker_;
-  std::atomic<int64_t> workerSnapshotNs_{0}, workerAdamNs_{0};  // this step, summed over tasks
+  std::atomic<int64_t> workerAdamNs_{0};  // this step, summed over tasks
 };
 
 }  // namespace lt::zero
