@@ -5,6 +5,7 @@
 #include "longtrain/compile/executor.h"
 #include "longtrain/compile/program.h"
 #include "longtrain/data/data.h"
+#include "longtrain/model/attention.h"
 #include "longtrain/model/model.h"
 #include "testing.h"
 
@@ -101,6 +102,35 @@ TEST(Model, RopeIsRelative) {
   };
   EXPECT_NEAR(dot(5, 2), dot(105, 102), 1e-4);
   EXPECT_GT(std::abs(dot(5, 2) - dot(5, 4)), 1e-4);
+}
+
+}  // namespace
+
+namespace {
+
+// Chunked attention equals naive attention, outputs and every input gradient, for lengths
+// that are and are not multiples of the chunk, with grouped-query heads.
+TEST(ChunkedAttention, EqualsNaive) {
+  at::set_num_threads(1);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  for (auto [S, chunk] : std::vector<std::pair<int64_t, int64_t>>{{16, 4}, {19, 5}, {7, 16}, {33, 1}}) {
+    auto q = at::randn({2, S, 4, 8}, gen).requires_grad_(true);
+    auto k = at::randn({2, S, 2, 8}, gen).requires_grad_(true);
+    auto v = at::randn({2, S, 2, 8}, gen).requires_grad_(true);
+    auto up = at::randn({2, S, 4, 8}, gen);
+    auto ref = lt::model::causalAttention(q, k, v);
+    (ref * up).sum().backward();
+    auto gq = q.grad().clone(), gk = k.grad().clone(), gv = v.grad().clone();
+    q.mutable_grad() = at::Tensor();
+    k.mutable_grad() = at::Tensor();
+    v.mutable_grad() = at::Tensor();
+    auto out = lt::model::chunkedAttention(q, k, v, chunk);
+    (out * up).sum().backward();
+    EXPECT_LE(relErr(out, ref), 1e-5) << "S " << S << " chunk " << chunk;
+    EXPECT_LE(relErr(q.grad(), gq), 1e-5) << "S " << S << " chunk " << chunk;
+    EXPECT_LE(relErr(k.grad(), gk), 1e-5) << "S " << S << " chunk " << chunk;
+    EXPECT_LE(relErr(v.grad(), gv), 1e-5) << "S " << S << " chunk " << chunk;
+  }
 }
 
 }  // namespace

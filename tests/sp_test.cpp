@@ -5,6 +5,7 @@
 
 #include "longtrain/compile/executor.h"
 #include "longtrain/core/check.h"
+#include "longtrain/model/attention.h"
 #include "longtrain/sp/ulysses.h"
 #include "longtrain/train/config.h"
 #include "longtrain/train/engine.h"
@@ -118,9 +119,10 @@ struct SpCase {
 
 class UlyssesEquivalence : public ::testing::TestWithParam<SpCase> {};
 
-TEST_P(UlyssesEquivalence, LossAndGradientsMatchOneRank) {
+// SP over `c.p` thread ranks with `core` as the local attention vs one rank with naive
+// attention on the whole batch: loss and every gradient.
+void checkSpEquivalence(const SpCase& c, const lt::model::AttentionFn& core) {
   at::set_num_threads(1);
-  const auto c = GetParam();
   lt::model::ModelConfig mc;
   mc.vocabSize = 40;
   mc.hidden = 32;
@@ -146,7 +148,7 @@ TEST_P(UlyssesEquivalence, LossAndGradientsMatchOneRank) {
 
   runRanks(c.p, c.p, [&](int r, lt::comm::Groups& g) {
     lt::model::Model m(mc, 3);
-    lt::compile::Executor ex(m, lt::sp::ulyssesAttention(g.sp, lt::model::causalAttention), {});
+    lt::compile::Executor ex(m, lt::sp::ulyssesAttention(g.sp, core), {});
     auto shard = lt::sp::shardBatch(whole, r, c.p);
     auto st = ex.run(lt::compile::baseProgram(m.numBlocks(), false), shard, ro);
     auto loss = at::tensor({st.lossSum}, at::kDouble);
@@ -159,6 +161,17 @@ TEST_P(UlyssesEquivalence, LossAndGradientsMatchOneRank) {
       EXPECT_LE(relErr(grad, refParams[i].grad()), Tol::kSequenceParallel) << "rank " << r << " parameter " << i;
     }
   });
+}
+
+TEST_P(UlyssesEquivalence, LossAndGradientsMatchOneRank) { checkSpEquivalence(GetParam(), lt::model::causalAttention); }
+
+TEST(UlyssesEquivalenceChunked, ChunkedAttentionInsideSpMatchesOneRank) {
+  // Chunk 3 does not divide the 16-token sequence.
+  auto chunked = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    return lt::model::chunkedAttention(q, k, v, 3);
+  };
+  checkSpEquivalence(SpCase{2, 4, 2}, chunked);
+  checkSpEquivalence(SpCase{4, 8, 2}, chunked);
 }
 
 INSTANTIATE_TEST_SUITE_P(Degrees, UlyssesEquivalence,

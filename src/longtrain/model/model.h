@@ -19,6 +19,7 @@ struct ModelConfig {
   int64_t vocabSize = 256, hidden = 128, layers = 2, heads = 4, kvHeads = 4, intermediate = 344;
   double ropeTheta = 10000.0, normEps = 1e-5, initStd = 0.02;
   bool tieEmbeddings = false;
+  int64_t attentionChunk = 0;  // 0: naive attention; else chunked attention with this block size
   int64_t headDim() const { return hidden / heads; }
   int64_t numParams() const;
 };

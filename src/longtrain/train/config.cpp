@@ -254,6 +254,7 @@ Config parseConfig(const json& j, int worldSize) {
     mc.normEps = m.getNum("rms_norm_eps", 1e-5, 0, 1);
     mc.initStd = m.getNum("init_std", 0.02, 0, 10);
     mc.tieEmbeddings = m.getBool("tie_word_embeddings", false);
+    mc.attentionChunk = m.getInt("attention_chunk", 0, 0, kBig);
     m.finish();
     LT_CHECK(mc.hidden % mc.heads == 0, "model.hidden_size=", mc.hidden, " must be divisible by model.num_heads=",
              mc.heads);

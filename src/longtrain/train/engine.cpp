@@ -15,6 +15,7 @@
 
 #include "longtrain/core/check.h"
 #include "longtrain/core/memory.h"
+#include "longtrain/model/attention.h"
 #include "longtrain/train/lr_schedule.h"
 
 namespace lt::train {
@@ -159,8 +160,12 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
     hooks.reduceGrads = [this](int g, bool boundary) { reduceGrads(g, boundary); };
   }
   hooks.optimizerStep = [this] { optimizerStep(); };
-  model::AttentionFn attn = model::causalAttention;
-  if (P > 1) attn = sp::ulyssesAttention(groups_.sp, model::causalAttention);
+  model::AttentionFn core = model::causalAttention;
+  if (const int64_t chunk = cfg_.model.attentionChunk; chunk > 0)
+    core = [chunk](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      return model::chunkedAttention(q, k, v, chunk);
+    };
+  model::AttentionFn attn = P > 1 ? sp::ulyssesAttention(groups_.sp, core) : core;
   exec_ = std::make_unique<compile::Executor>(*model_, attn, std::move(hooks));
 }
 

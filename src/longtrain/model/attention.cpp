@@ -1,0 +1,110 @@
+// Blockwise causal attention. Blocks above the diagonal are skipped; the diagonal block is
+// masked. Everything runs in the input dtype on [B, H, rows, cols] tiles.
+#include "longtrain/model/attention.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+#include <limits>
+
+#include "longtrain/core/check.h"
+
+namespace lt::model {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Scores of query rows [qs, qe) against key columns [ks, ke), causally masked. [B, H, r, c]
+at::Tensor blockScores(const at::Tensor& q, const at::Tensor& k, int64_t qs, int64_t qe, int64_t ks, int64_t ke,
+                       double scale) {
+  auto s = at::matmul(q.slice(2, qs, qe), k.slice(2, ks, ke).transpose(-2, -1)) * scale;
+  if (ke > qs + 1) {  // some column lies right of some row's diagonal
+    auto rows = at::arange(qs, qe, q.options().dtype(at::kLong)).unsqueeze(1);
+    auto cols = at::arange(ks, ke, q.options().dtype(at::kLong)).unsqueeze(0);
+    s = s.masked_fill(cols > rows, -std::numeric_limits<float>::infinity());
+  }
+  return s;
+}
+
+struct ChunkedFn : torch::autograd::Function<ChunkedFn> {
+  // q, k, v: [B, H, S, D] (KV already expanded to H heads).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            int64_t chunk) {
+    at::NoGradGuard ng;
+    const int64_t S = q.size(2);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+    auto out = at::empty_like(q);
+    auto lse = at::empty({q.size(0), q.size(1), S}, q.options());
+    for (int64_t qs = 0; qs < S; qs += chunk) {
+      const int64_t qe = std::min(S, qs + chunk);
+      at::Tensor m, l, acc;
+      for (int64_t ks = 0; ks < qe; ks += chunk) {
+        const int64_t ke = std::min(qe, ks + chunk);
+        auto s = blockScores(q, k, qs, qe, ks, ke, scale);  // [B, H, r, c]
+        auto bm = std::get<0>(s.max(-1, true));
+        auto mNew = m.defined() ? at::maximum(m, bm) : bm;
+        auto p = at::exp(s - mNew);
+        auto pv = at::matmul(p, v.slice(2, ks, ke));
+        if (m.defined()) {
+          auto corr = at::exp(m - mNew);
+          l = l * corr + p.sum(-1, true);
+          acc = acc * corr + pv;
+        } else {
+          l = p.sum(-1, true);
+          acc = pv;
+        }
+        m = mNew;
+      }
+      out.slice(2, qs, qe).copy_(acc / l);
+      lse.slice(2, qs, qe).copy_((m + at::log(l)).squeeze(-1));
+    }
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["chunk"] = chunk;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::NoGradGuard ng;
+    auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const int64_t chunk = ctx->saved_data["chunk"].toInt(), S = q.size(2);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+    auto dO = grads[0].contiguous();
+    auto delta = (dO * out).sum(-1, true);  // [B, H, S, 1]
+    auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+    for (int64_t qs = 0; qs < S; qs += chunk) {
+      const int64_t qe = std::min(S, qs + chunk);
+      auto dOi = dO.slice(2, qs, qe), qi = q.slice(2, qs, qe);
+      auto lsei = lse.slice(2, qs, qe).unsqueeze(-1), deltai = delta.slice(2, qs, qe);
+      for (int64_t ks = 0; ks < qe; ks += chunk) {
+        const int64_t ke = std::min(qe, ks + chunk);
+        auto p = at::exp(blockScores(q, k, qs, qe, ks, ke, scale) - lsei);  // [B, H, r, c]
+        dv.slice(2, ks, ke).add_(at::matmul(p.transpose(-2, -1), dOi));
+        auto dp = at::matmul(dOi, v.slice(2, ks, ke).transpose(-2, -1));
+        auto ds = p * (dp - deltai) * scale;
+        dq.slice(2, qs, qe).add_(at::matmul(ds, k.slice(2, ks, ke)));
+        dk.slice(2, ks, ke).add_(at::matmul(ds.transpose(-2, -1), qi));
+      }
+    }
+    return {dq, dk, dv, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor chunkedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk) {
+  LT_CHECK(chunk >= 1, "model.attention_chunk=", chunk, " must be at least 1");
+  const int64_t h = q.size(2), kv = k.size(2);
+  LT_ASSERT(h % kv == 0);
+  // Expanding KV outside the custom function lets autograd sum the copies' gradients.
+  auto kk = kv == h ? k : k.repeat_interleave(h / kv, 2);
+  auto vv = kv == h ? v : v.repeat_interleave(h / kv, 2);
+  auto o = ChunkedFn::apply(q.transpose(1, 2).contiguous(), kk.transpose(1, 2).contiguous(),
+                            vv.transpose(1, 2).contiguous(), chunk);  // [B, H, S, D]
+  return o.transpose(1, 2);  // [B, S, H, D]
+}
+
+}  // namespace lt::model

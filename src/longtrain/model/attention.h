@@ -1,0 +1,14 @@
+// Chunked (flash-style) causal attention: memory O(S x chunk) instead of O(S^2). Forward runs
+// an online softmax over key blocks and saves only the output and the per-row log-sum-exp;
+// backward recomputes each block's scores from them (a custom autograd function). Same
+// shapes and GQA convention as model::causalAttention, so it drops into Ulysses unchanged.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+namespace lt::model {
+
+// q [B, S, H, Dh], k and v [B, S, KV, Dh] -> [B, S, H, Dh]; blocks of `chunk` rows and columns
+// (S need not be a multiple of chunk).
+at::Tensor chunkedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk);
+
+}  // namespace lt::model
