@@ -50,15 +50,21 @@ TEST(StepProgram, CheckpointedEqualsPlainAutograd) {
       p.grad().zero_();
     }
 
-    lt::compile::Executor ex(m, lt::model::causalAttention, {});
-    lt::compile::RunOptions ro;
-    ro.lossDenominator = static_cast<double>(ls.count);
-    auto st = ex.run(lt::compile::baseProgram(m.numBlocks(), false), batch, ro);
-    EXPECT_EQ(st.tokens, ls.count);
-    EXPECT_LE(std::abs(st.lossSum / ls.count - refLoss) / refLoss, Tol::kCheckpointedVsPlain);
-    auto params = m.parameters();
-    for (size_t i = 0; i < params.size(); ++i)
-      EXPECT_LE(relErr(params[i].grad(), refGrads[i]), Tol::kCheckpointedVsPlain) << "parameter " << i;
+    // Untiled, then the tiled fused logits-loss with tiles that do not divide S = 24.
+    for (int64_t lossChunk : {0, 5}) {
+      mc.lossChunk = lossChunk;
+      lt::model::Model mt(mc, 7);
+      lt::compile::Executor ex(mt, lt::model::causalAttention, {});
+      lt::compile::RunOptions ro;
+      ro.lossDenominator = static_cast<double>(ls.count);
+      auto st = ex.run(lt::compile::baseProgram(mt.numBlocks(), false), batch, ro);
+      EXPECT_EQ(st.tokens, ls.count);
+      EXPECT_LE(std::abs(st.lossSum / ls.count - refLoss) / refLoss, Tol::kCheckpointedVsPlain);
+      auto params = mt.parameters();
+      for (size_t i = 0; i < params.size(); ++i)
+        EXPECT_LE(relErr(params[i].grad(), refGrads[i]), Tol::kCheckpointedVsPlain)
+            << "parameter " << i << " loss_chunk " << lossChunk;
+    }
   }
 }
 

@@ -53,17 +53,10 @@ MicroBatchStats Executor::run(const Program& p, const data::Batch& batch, const 
         kept[in.group + 1] = model_.block(in.group, kept[in.group], batch.position_ids, attn_);
         break;
       }
-      case OpCode::OpLossAndGrad: {
-        auto h = kept[L].detach().requires_grad_(true);
-        auto ls = model::lossSum(model_.logits(h), batch.shift_labels);
-        st.lossSum = ls.sum.item<double>();
-        st.tokens = ls.count;
-        st.correct = ls.correct;
-        (ls.sum * (o.gradScale / o.lossDenominator)).backward();
-        grad = h.grad();
+      case OpCode::OpLossAndGrad:
+        grad = lossAndGrad(kept[L], batch.shift_labels, o.gradScale / o.lossDenominator, true, st);
         kept[L] = at::Tensor();
         break;
-      }
       case OpCode::OpRecomputeBackward: {
         auto x = kept[in.group].detach().requires_grad_(true);
         auto y = model_.block(in.group, x, batch.position_ids, attn_);
@@ -125,14 +118,33 @@ MicroBatchStats Executor::evaluate(const Program& p, const data::Batch& batch) {
     else if (in.op == OpCode::OpEmbed) x = model_.embed(batch.input_ids);
     else if (in.op == OpCode::OpForward) x = model_.block(in.group, x, batch.position_ids, attn_);
     else if (in.op == OpCode::OpLossAndGrad) {
-      auto ls = model::lossSum(model_.logits(x), batch.shift_labels);
-      st.lossSum = ls.sum.item<double>();
-      st.tokens = ls.count;
-      st.correct = ls.correct;
+      lossAndGrad(x, batch.shift_labels, 0, false, st);
       backwardHalf = true;
     }
   }
   return st;
+}
+
+at::Tensor Executor::lossAndGrad(const at::Tensor& h, const at::Tensor& shiftLabels, double scale, bool backward,
+                                 MicroBatchStats& st) {
+  const int64_t S = h.size(1), chunk = model_.config().lossChunk > 0 ? model_.config().lossChunk : S;
+  at::Tensor gradH = backward && chunk < S ? at::empty_like(h) : at::Tensor();
+  st.lossSum = 0;
+  st.tokens = st.correct = 0;
+  for (int64_t s0 = 0; s0 < S; s0 += chunk) {
+    const int64_t s1 = std::min(S, s0 + chunk);
+    auto hs = h.slice(1, s0, s1).detach();  // [B, tile, D]
+    if (backward) hs.requires_grad_(true);
+    auto ls = model::lossSum(model_.logits(hs), shiftLabels.slice(1, s0, s1));  // logits [B, tile, V]
+    st.lossSum += ls.sum.item<double>();
+    st.tokens += ls.count;
+    st.correct += ls.correct;
+    if (!backward) continue;
+    (ls.sum * scale).backward();  // the head's parameter gradients accumulate tile by tile
+    if (chunk >= S) return hs.grad();
+    gradH.slice(1, s0, s1).copy_(hs.grad());
+  }
+  return gradH;
 }
 
 }  // namespace lt::compile

@@ -47,6 +47,12 @@ class Executor {
   MicroBatchStats evaluate(const Program& p, const data::Batch& batch);
 
  private:
+  // Loss (and, with backward, dLoss/dh) of head(h), in sequence tiles of the model's
+  // loss_chunk tokens: the [B, S, vocab] logits never exist whole (DeepSpeed's
+  // TiledFusedLogitsLoss). `scale` multiplies the loss before backward.
+  at::Tensor lossAndGrad(const at::Tensor& h, const at::Tensor& shiftLabels, double scale, bool backward,
+                         MicroBatchStats& st);
+
   const model::Model& model_;
   model::AttentionFn attn_;
   Hooks hooks_;

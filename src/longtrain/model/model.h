@@ -20,6 +20,7 @@ struct ModelConfig {
   double ropeTheta = 10000.0, normEps = 1e-5, initStd = 0.02;
   bool tieEmbeddings = false;
   int64_t attentionChunk = 0;  // 0: naive attention; else chunked attention with this block size
+  int64_t lossChunk = 0;       // 0: logits of the whole sequence at once; else tiles of this many tokens
   int64_t headDim() const { return hidden / heads; }
   int64_t numParams() const;
 };

@@ -255,6 +255,7 @@ Config parseConfig(const json& j, int worldSize) {
     mc.initStd = m.getNum("init_std", 0.02, 0, 10);
     mc.tieEmbeddings = m.getBool("tie_word_embeddings", false);
     mc.attentionChunk = m.getInt("attention_chunk", 0, 0, kBig);
+    mc.lossChunk = m.getInt("loss_chunk", 0, 0, kBig);
     m.finish();
     LT_CHECK(mc.hidden % mc.heads == 0, "model.hidden_size=", mc.hidden, " must be divisible by model.num_heads=",
              mc.heads);
