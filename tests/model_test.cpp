@@ -37,7 +37,7 @@ TEST(StepProgram, CheckpointedEqualsPlainAutograd) {
     mc.intermediate = 48;
     mc.tieEmbeddings = tied;
     lt::model::Model m(mc, 7);
-    auto batch = makeBatch(2, 24, mc.vocabSize, 3);
+    auto batch = makeBatch(2, 70, mc.vocabSize, 3);  // 70 tokens over hidden 32: 3 MLP shards
 
     // Reference: one autograd graph over the whole model.
     auto ls = lt::model::lossSum(m.forward(batch.input_ids, batch.position_ids, lt::model::causalAttention),
@@ -50,9 +50,10 @@ TEST(StepProgram, CheckpointedEqualsPlainAutograd) {
       p.grad().zero_();
     }
 
-    // Untiled, then the tiled fused logits-loss with tiles that do not divide S = 24.
+    // Untiled, then tiled (logits-loss tiles of 5 tokens do not divide S = 70; tiled MLP).
     for (int64_t lossChunk : {0, 5}) {
       mc.lossChunk = lossChunk;
+      mc.tiledMlp = lossChunk > 0;
       lt::model::Model mt(mc, 7);
       lt::compile::Executor ex(mt, lt::model::causalAttention, {});
       lt::compile::RunOptions ro;
@@ -113,6 +114,31 @@ TEST(Model, RopeIsRelative) {
 }  // namespace
 
 namespace {
+
+// Tiled MLP equals the plain MLP: output and the gradients of input and weights, with
+// shard counts that do and do not divide S.
+TEST(TiledMlp, EqualsUntiled) {
+  at::set_num_threads(1);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(4);
+  auto wg = at::randn({24, 8}, gen).requires_grad_(true), wu = at::randn({24, 8}, gen).requires_grad_(true);
+  auto wd = at::randn({8, 24}, gen).requires_grad_(true);
+  auto x = at::randn({2, 17, 8}, gen).requires_grad_(true);
+  auto up = at::randn({2, 17, 8}, gen);
+  auto params = std::vector<at::Tensor>{x, wg, wu, wd};
+  auto run = [&](int64_t shards) {
+    for (auto& p : params) p.mutable_grad() = at::Tensor();
+    auto y = lt::model::tiledMlp(x, wg, wu, wd, shards);
+    (y * up).sum().backward();
+    std::vector<at::Tensor> out{y.detach()};
+    for (auto& p : params) out.push_back(p.grad().clone());
+    return out;
+  };
+  auto ref = run(1);
+  for (int64_t shards : {2, 3, 17}) {
+    auto got = run(shards);
+    for (size_t i = 0; i < ref.size(); ++i) EXPECT_LE(relErr(got[i], ref[i]), 1e-5) << "shards " << shards << " #" << i;
+  }
+}
 
 // Chunked attention equals naive attention, outputs and every input gradient, for lengths
 // that are and are not multiples of the chunk, with grouped-query heads.

@@ -1,4 +1,4 @@
-// Chunked (flash-style) causal attention: memory O(S x chunk) instead of O(S^2). Forward runs
+// Long-sequence kernels as custom autograd functions. Chunked (flash-style) causal attention: memory O(S x chunk) instead of O(S^2). Forward runs
 // an online softmax over key blocks and saves only the output and the per-row log-sum-exp;
 // backward recomputes each block's scores from them (a custom autograd function). Same
 // shapes and GQA convention as model::causalAttention, so it drops into Ulysses unchanged.
@@ -10,5 +10,11 @@ namespace lt::model {
 // q [B, S, H, Dh], k and v [B, S, KV, Dh] -> [B, S, H, Dh]; blocks of `chunk` rows and columns
 // (S need not be a multiple of chunk).
 at::Tensor chunkedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk);
+
+// DeepSpeed's TiledMLP: the SwiGLU MLP down(silu(gate(x)) * up(x)) over `shards` sequence
+// shards; forward keeps none of the [B, S, intermediate] activations, backward recomputes
+// them shard by shard. x [B, S, D] -> [B, S, D].
+at::Tensor tiledMlp(const at::Tensor& x, const at::Tensor& wGate, const at::Tensor& wUp, const at::Tensor& wDown,
+                    int64_t shards);
 
 }  // namespace lt::model

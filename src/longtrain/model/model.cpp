@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "longtrain/core/check.h"
+#include "longtrain/model/attention.h"
 
 namespace lt::model {
 
@@ -130,7 +131,9 @@ at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const
   auto a = attn(q, kk, v).reshape({B, S, H * Dh});
   auto x1 = x + at::linear(a, k.wo);
   auto m = rmsNorm(x1, k.mlpNorm, cfg_.normEps);
-  return x1 + at::linear(at::silu(at::linear(m, k.wGate)) * at::linear(m, k.wUp), k.wDown);
+  // DeepSpeed's default shard count; every SP rank holds S/P tokens, so all agree on it.
+  const int64_t shards = cfg_.tiledMlp ? std::max<int64_t>(1, (S + cfg_.hidden - 1) / cfg_.hidden) : 1;
+  return x1 + tiledMlp(m, k.wGate, k.wUp, k.wDown, shards);
 }
 
 at::Tensor Model::logits(const at::Tensor& x) const {

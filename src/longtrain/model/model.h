@@ -21,6 +21,7 @@ struct ModelConfig {
   bool tieEmbeddings = false;
   int64_t attentionChunk = 0;  // 0: naive attention; else chunked attention with this block size
   int64_t lossChunk = 0;       // 0: logits of the whole sequence at once; else tiles of this many tokens
+  bool tiledMlp = false;       // MLP over ceil(S / hidden) sequence shards (DeepSpeed's TiledMLP)
   int64_t headDim() const { return hidden / heads; }
   int64_t numParams() const;
 };
