@@ -142,7 +142,7 @@ TEST(Passes, GoldenListings) {
   c.maxLiveBytes = 1 << 30;
   c.persistenceThresholdBytes = 8192;
   c.memoryBudgetBytes = 30976 + 8320 + 8192;
-  auto base = baseProgram(1, false);
+  auto base = baseProgram(1);
   auto listing = [&](std::vector<std::string> names) {
     std::string s = applyPasses(base, names, c).listing();
     std::replace(s.begin(), s.end(), '\n', ' ');
@@ -157,7 +157,7 @@ TEST(Passes, GoldenListings) {
             "Gather(1) LossAndGrad(1) Release(1) ReduceGrads(1) Gather(0) RecomputeBackward(0) Release(0) "
             "ReduceGrads(0) EmbedBackward(2) ReduceGrads(2) OptimizerStep ");
   c.maxLiveBytes = 40000;  // a block plus the head fits; two blocks would not
-  auto two = baseProgram(2, false);
+  auto two = baseProgram(2);
   PassContext c2 = c;
   c2.numBlocks = 2;
   c2.groupBytes = {30976, 30976, 8320, 8192};

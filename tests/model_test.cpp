@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "longtrain/compile/executor.h"
+#include "longtrain/compile/passes.h"
 #include "longtrain/compile/program.h"
 #include "longtrain/data/data.h"
 #include "longtrain/model/attention.h"
@@ -58,7 +59,7 @@ TEST(StepProgram, CheckpointedEqualsPlainAutograd) {
       lt::compile::Executor ex(mt, lt::model::causalAttention, {});
       lt::compile::RunOptions ro;
       ro.lossDenominator = static_cast<double>(ls.count);
-      auto st = ex.run(lt::compile::baseProgram(mt.numBlocks(), false), batch, ro);
+      auto st = ex.run(lt::compile::baseProgram(mt.numBlocks()), batch, ro);
       EXPECT_EQ(st.tokens, ls.count);
       EXPECT_LE(std::abs(st.lossSum / ls.count - refLoss) / refLoss, Tol::kCheckpointedVsPlain);
       auto params = mt.parameters();
@@ -70,12 +71,15 @@ TEST(StepProgram, CheckpointedEqualsPlainAutograd) {
 }
 
 TEST(StepProgram, BaseListing) {
-  auto p = lt::compile::baseProgram(2, false);
+  auto p = lt::compile::baseProgram(2);
   EXPECT_EQ(p.listing(),
             "Embed(3)\nForward(0)\nForward(1)\nLossAndGrad(2)\nReduceGrads(2)\nRecomputeBackward(1)\n"
             "ReduceGrads(1)\nRecomputeBackward(0)\nReduceGrads(0)\nEmbedBackward(3)\nReduceGrads(3)\n"
             "OptimizerStep\n");
-  auto z = lt::compile::baseProgram(1, true, /*tied=*/true);  // the zero3 lowering, tied head
+  lt::compile::PassContext c;  // the zero3 lowering with a tied head: the loss reads the embedding too
+  c.numBlocks = 1;
+  c.tiedEmbeddings = true;
+  auto z = lt::compile::applyPasses(lt::compile::baseProgram(1), {"zero3"}, c);
   EXPECT_EQ(z.listing(),
             "Gather(2)\nEmbed(2)\nRelease(2)\nGather(0)\nForward(0)\nRelease(0)\nGather(2)\nGather(1)\n"
             "LossAndGrad(1)\nRelease(1)\nRelease(2)\nReduceGrads(1)\nGather(0)\nRecomputeBackward(0)\n"

@@ -144,13 +144,13 @@ void checkSpEquivalence(const SpCase& c, const lt::model::AttentionFn& core) {
   lt::compile::Executor rex(ref, lt::model::causalAttention, {});
   lt::compile::RunOptions ro;
   ro.lossDenominator = count;
-  auto rst = rex.run(lt::compile::baseProgram(ref.numBlocks(), false), whole, ro);
+  auto rst = rex.run(lt::compile::baseProgram(ref.numBlocks()), whole, ro);
 
   runRanks(c.p, c.p, [&](int r, lt::comm::Groups& g) {
     lt::model::Model m(mc, 3);
     lt::compile::Executor ex(m, lt::sp::ulyssesAttention(g.sp, core), {});
     auto shard = lt::sp::shardBatch(whole, r, c.p);
-    auto st = ex.run(lt::compile::baseProgram(m.numBlocks(), false), shard, ro);
+    auto st = ex.run(lt::compile::baseProgram(m.numBlocks()), shard, ro);
     auto loss = at::tensor({st.lossSum}, at::kDouble);
     g.sp->allReduce(loss).wait();
     EXPECT_LE(std::abs(loss.item<double>() - rst.lossSum) / rst.lossSum, Tol::kSequenceParallel);

@@ -45,7 +45,7 @@ std::vector<int> paramGroupsUsed(const Instr& in, int numBlocks, bool tiedEmbedd
   }
 }
 
-Program baseProgram(int numBlocks, bool zero3, bool tiedEmbeddings) {
+Program baseProgram(int numBlocks) {
   Program p;
   const int head = numBlocks, embed = numBlocks + 1;
   auto emit = [&](OpCode op, int g = -1) { p.code.push_back({op, g}); };
@@ -60,17 +60,7 @@ Program baseProgram(int numBlocks, bool zero3, bool tiedEmbeddings) {
   emit(OpCode::OpEmbedBackward, embed);
   emit(OpCode::OpReduceGrads, embed);
   emit(OpCode::OpOptimizerStep);
-  if (!zero3) return p;
-  // The zero3 lowering: gather each group right before an instruction that reads it and
-  // release it right after.
-  Program z;
-  for (const auto& in : p.code) {
-    auto used = paramGroupsUsed(in, numBlocks, tiedEmbeddings);
-    for (int g : used) z.code.push_back({OpCode::OpGather, g});
-    z.code.push_back(in);
-    for (auto it = used.rbegin(); it != used.rend(); ++it) z.code.push_back({OpCode::OpRelease, *it});
-  }
-  return z;
+  return p;
 }
 
 }  // namespace lt::compile

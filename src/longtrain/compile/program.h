@@ -39,12 +39,11 @@ const char* opName(OpCode op);
 
 // The base program for `numBlocks` blocks (head group = numBlocks, embed = numBlocks + 1):
 // no Gather/Release (the `zero3` pass inserts them) and kept activations live until the end
-// of the micro-step (the `free_activations` pass frees each after its last use). With
-// zero3 = true the `zero3` lowering is applied (kept for tests and callers without passes).
-// With tiedEmbeddings the loss also uses the embed group.
-Program baseProgram(int numBlocks, bool zero3, bool tiedEmbeddings = false);
+// of the micro-step (the `free_activations` pass frees each after its last use).
+Program baseProgram(int numBlocks);
 
-// Groups each instruction reads parameters of (empty for none): where `zero3` gathers.
+// Groups each instruction reads parameters of (empty for none): where `zero3` gathers. With
+// tiedEmbeddings the loss also reads the embed group.
 std::vector<int> paramGroupsUsed(const Instr& in, int numBlocks, bool tiedEmbeddings);
 
 }  // namespace lt::compile

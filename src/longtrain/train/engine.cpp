@@ -122,7 +122,7 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
   }
 
   // The step program: the base, rewritten by passes; a schedule swaps the pass list.
-  base_ = compile::baseProgram(model_->numBlocks(), /*zero3=*/false, cfg_.model.tieEmbeddings);
+  base_ = compile::baseProgram(model_->numBlocks());
   passCtx_.numBlocks = model_->numBlocks();
   passCtx_.tiedEmbeddings = cfg_.model.tieEmbeddings;
   passCtx_.prefetchBucketBytes = cfg_.zero.prefetchBucketSize * 4;
