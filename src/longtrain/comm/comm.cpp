@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/strings.h"
 
 namespace lt::comm {
 
@@ -67,8 +68,7 @@ void Work::wait() {
     try {
       w->wait();
     } catch (const std::exception& e) {
-      std::string msg = e.what();
-      if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);  // drop c10 backtraces
+      const std::string msg = firstLine(e.what());  // c10 errors carry a backtrace
       LT_CHECK(false, what_, " on group '", comm_->name(), "' failed (timeout ",
                comm_->options().timeout.count(), " ms): ", msg, "; ", comm_->diagnoseFailure());
     }
@@ -97,8 +97,7 @@ Comm::Comm(c10::intrusive_ptr<c10d::Store> store, int rank, int size, Options op
   try {
     pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, o);
   } catch (const std::exception& e) {
-    std::string msg = e.what();
-    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    const std::string msg = firstLine(e.what());
     LT_CHECK(false, "cannot connect group '", name_, "' (rank ", rank, " of ", size, ", timeout ",
              opts_.timeout.count(), " ms): ", msg, "; ", diagnoseFailure());
   }
@@ -262,8 +261,7 @@ EnvRendezvous rendezvousFromEnv(Millis timeout) {
     h.isServer = false;  // a second client connection for the heartbeat thread
     r.heartbeatStore = c10::make_intrusive<c10d::TCPStore>(addr, h);
   } catch (const std::exception& e) {
-    std::string msg = e.what();
-    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    const std::string msg = firstLine(e.what());
     LT_CHECK(false, "rank ", r.rank, ": cannot reach the rendezvous store at ", addr, ":", port, ": ", msg);
   }
   return r;

@@ -5,10 +5,7 @@
 #include <set>
 
 #include "longtrain/core/check.h"
-
-namespace lt::train {
-size_t editDistance(const std::string& a, const std::string& b);  // train/config.cpp
-}
+#include "longtrain/core/strings.h"
 
 namespace lt::compile {
 
@@ -174,10 +171,9 @@ const std::vector<PassInfo>& passRegistry() {
 static const PassInfo& findPass(const std::string& name, int64_t step, const std::vector<PassInfo>& registry) {
   for (const auto& p : registry)
     if (p.name == name) return p;
-  std::string best;
-  size_t bestD = SIZE_MAX;
-  for (const auto& p : registry)
-    if (size_t d = train::editDistance(name, p.name); d < bestD) bestD = d, best = p.name;
+  std::vector<std::string> names;
+  for (const auto& p : registry) names.push_back(p.name);
+  const std::string best = closestName(name, names);
   LT_CHECK(false, "compile.schedule: step ", step, ": unknown pass '", name, "'; did you mean '", best, "'?");
   return registry.front();
 }

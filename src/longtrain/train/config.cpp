@@ -9,22 +9,11 @@
 #include <sstream>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/strings.h"
 
 namespace lt::train {
 
 using json = nlohmann::json;
-
-size_t editDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
 
 namespace {
 
@@ -97,10 +86,7 @@ class Section {
     if (!j_) return;
     for (auto it = j_->begin(); it != j_->end(); ++it) {
       if (std::find(known_.begin(), known_.end(), it.key()) != known_.end()) continue;
-      std::string best;
-      size_t bestD = SIZE_MAX;
-      for (auto& k : known_)
-        if (size_t d = editDistance(it.key(), k); d < bestD) bestD = d, best = k;
+      std::string best = closestName(it.key(), known_);
       LT_CHECK(false, "unknown config key '", keyPath(it.key()), "'",
                best.empty() ? std::string() : "; did you mean '" + keyPath(best) + "'?",
                " (see the README's configuration reference)");

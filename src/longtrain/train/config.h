@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "longtrain/compile/schedule.h"
 #include "longtrain/model/model.h"
 
 namespace lt::train {
@@ -46,7 +47,7 @@ struct ZeroConfig {
 struct CompileConfig {
   bool deepcompile = false;
   bool hasSchedule = false;  // false: the default (DeepSpeed's for ZeRO-3)
-  std::vector<std::pair<int64_t, std::vector<std::string>>> schedule;
+  std::vector<compile::ScheduleEntry> schedule;
 };
 
 struct DataConfig {
@@ -94,8 +95,5 @@ nlohmann::json loadConfigJson(const std::string& path, const std::vector<std::st
 
 // Applies one `--set a.b.c=VALUE` override (VALUE is JSON; a bare word is taken as a string).
 void applyOverride(nlohmann::json& j, const std::string& assignment);
-
-// Levenshtein distance (for "did you mean" suggestions).
-size_t editDistance(const std::string& a, const std::string& b);
 
 }  // namespace lt::train

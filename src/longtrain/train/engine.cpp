@@ -133,12 +133,10 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
   std::vector<std::string> fixed = z3 ? std::vector<std::string>{"zero3", "free_activations"}
                                       : std::vector<std::string>{"free_activations"};
   if (cfg_.compile.deepcompile) {
-    std::vector<compile::ScheduleEntry> entries;
-    if (cfg_.compile.hasSchedule) {
-      for (const auto& [st, passes] : cfg_.compile.schedule) entries.push_back({st, passes});
-    } else {
-      entries = z3 ? compile::defaultZero3Schedule() : std::vector<compile::ScheduleEntry>{{0, {"free_activations"}}};
-    }
+    const std::vector<compile::ScheduleEntry> entries =
+        cfg_.compile.hasSchedule ? cfg_.compile.schedule
+        : z3                     ? compile::defaultZero3Schedule()
+                                 : std::vector<compile::ScheduleEntry>{{0, {"free_activations"}}};
     for (const auto& e : entries) {
       bool has = std::find(e.passes.begin(), e.passes.end(), "zero3") != e.passes.end();
       LT_CHECK(has == z3, "compile.schedule: step ", e.step, ": ",
