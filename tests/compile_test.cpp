@@ -25,29 +25,11 @@ json compileConfig() {
   return j;
 }
 
-struct RunResult {
-  std::vector<double> losses;
-  std::vector<at::Tensor> params;
-  int64_t gatheredPeak = 0;
-  std::string program;
-};
+using RunResult = lt::testing::TrainRun;
 
 RunResult runSchedule(json j, const json& schedule, int world) {
   if (!schedule.is_null()) j["compile"]["schedule"] = schedule;
-  RunResult out;
-  runRanks(world, 1, [&](int r, lt::comm::Groups& g) {
-    lt::train::Engine e(lt::train::parseConfig(j, world), g);
-    std::vector<double> ls;
-    for (int s = 0; s < 5; ++s) ls.push_back(e.step().loss);
-    auto p = e.fullParameters();
-    if (r == 0) {
-      out.losses = ls;
-      out.params = p;
-      out.gatheredPeak = e.zero()->ledger().gatheredPeakBytes;
-      out.program = e.program().listing();
-    }
-  });
-  return out;
+  return lt::testing::trainOnRanks(j, world, 1, 5)[0];
 }
 
 class PassEquivalence : public ::testing::TestWithParam<int> {};

@@ -189,31 +189,21 @@ TEST(UlyssesEngine, SpTimesDpEqualsOneRank) {
   cfg["data"]["eval_samples"] = 8;
   auto ref = cfg;
   ref["gradient_accumulation_steps"] = 2;
-  std::vector<at::Tensor> expect;
-  std::vector<double> expectLoss;
-  double expectEval = 0;
-  runRanks(1, 1, [&](int, lt::comm::Groups& g) {
-    lt::train::Engine e(lt::train::parseConfig(ref, 1), g);
-    for (int s = 0; s < 3; ++s) expectLoss.push_back(e.step().loss);
-    expectEval = e.evaluate().loss;
-    for (auto& p : e.model().parameters()) expect.push_back(p.detach().clone());
-  });
+  const auto expect = lt::testing::trainOnRanks(ref, 1, 1, 3)[0];
   for (int world : {2, 4}) {  // SP 2 x DP 1 (with accumulation 2), and SP 2 x DP 2
     auto c = cfg;
     c["sequence_parallel_size"] = 2;
     if (world == 2) c["gradient_accumulation_steps"] = 2;
-    runRanks(world, 2, [&](int r, lt::comm::Groups& g) {
-      lt::train::Engine e(lt::train::parseConfig(c, world), g);
-      for (int s = 0; s < 3; ++s) {
-        double loss = e.step().loss;
-        EXPECT_LE(std::abs(loss - expectLoss[s]) / expectLoss[s], Tol::kSequenceParallel) << "step " << s;
-      }
-      EXPECT_LE(std::abs(e.evaluate().loss - expectEval) / expectEval, Tol::kSequenceParallel);
-      auto params = e.model().parameters();
-      for (size_t i = 0; i < params.size(); ++i)
-        EXPECT_LE(relErr(params[i], expect[i]), Tol::kAfterAdamSteps)
+    const auto got = lt::testing::trainOnRanks(c, world, 2, 3);
+    for (int r = 0; r < world; ++r) {
+      for (int s = 0; s < 3; ++s)
+        EXPECT_LE(std::abs(got[r].losses[s] - expect.losses[s]) / expect.losses[s], Tol::kSequenceParallel)
+            << "step " << s;
+      EXPECT_LE(std::abs(got[r].evalLoss - expect.evalLoss) / expect.evalLoss, Tol::kSequenceParallel);
+      for (size_t i = 0; i < expect.params.size(); ++i)
+        EXPECT_LE(relErr(got[r].params[i], expect.params[i]), Tol::kAfterAdamSteps)
             << "world " << world << " rank " << r << " parameter " << i;
-    });
+    }
   }
 }
 

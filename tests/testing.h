@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "longtrain/comm/comm.h"
+#include "longtrain/train/config.h"
+#include "longtrain/train/engine.h"
 
 namespace lt::testing {
 
@@ -74,6 +76,30 @@ inline void runRanks(int n, int spSize, const std::function<void(int, comm::Grou
   }
   for (auto& t : ts) t.join();
   if (first) std::rethrow_exception(first);
+}
+
+// What one rank saw when training a config (see trainOnRanks).
+struct TrainRun {
+  std::vector<double> losses;      // one per optimizer step (already averaged over ranks)
+  double evalLoss = 0;             // after the last step (0 without eval samples)
+  std::vector<at::Tensor> params;  // every parameter, whole (gathered under ZeRO-3)
+  int64_t gatheredPeak = 0;        // ZeRO-3 ledger
+  std::string program;             // the step program's listing after the last step
+};
+
+// Trains `steps` optimizer steps of config `j` on `world` thread ranks with SP degree `sp`;
+// returns each rank's view.
+inline std::vector<TrainRun> trainOnRanks(const nlohmann::json& j, int world, int sp, int steps) {
+  std::vector<TrainRun> out(world);
+  runRanks(world, sp, [&](int r, comm::Groups& g) {
+    train::Engine e(train::parseConfig(j, world), g);
+    for (int s = 0; s < steps; ++s) out[r].losses.push_back(e.step().loss);
+    out[r].evalLoss = e.evaluate().loss;
+    out[r].params = e.fullParameters();
+    if (e.zero()) out[r].gatheredPeak = e.zero()->ledger().gatheredPeakBytes;
+    out[r].program = e.program().listing();
+  });
+  return out;
 }
 
 }  // namespace lt::testing

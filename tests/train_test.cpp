@@ -26,14 +26,6 @@ json smallConfig() {
   return j;
 }
 
-std::vector<at::Tensor> trainAndCollect(const lt::train::Config& c, lt::comm::Groups& g, int steps) {
-  lt::train::Engine e(c, g);
-  for (int s = 0; s < steps; ++s) e.step();
-  std::vector<at::Tensor> out;
-  for (auto& p : e.model().parameters()) out.push_back(p.detach().clone());
-  return out;
-}
-
 class DataParallel : public ::testing::TestWithParam<int> {};
 
 TEST_P(DataParallel, EqualsOneRankWithAccumulation) {
@@ -41,15 +33,13 @@ TEST_P(DataParallel, EqualsOneRankWithAccumulation) {
   const int n = GetParam();
   json ref = smallConfig();
   ref["gradient_accumulation_steps"] = n;
-  std::vector<at::Tensor> expect;
-  runRanks(1, 1, [&](int, lt::comm::Groups& g) { expect = trainAndCollect(lt::train::parseConfig(ref, 1), g, 3); });
+  const auto expect = lt::testing::trainOnRanks(ref, 1, 1, 3)[0].params;
   json dp = smallConfig();  // same global batch: micro 2 x accum 1 x dp n
-  std::vector<std::vector<at::Tensor>> got(n);
-  runRanks(n, 1, [&](int r, lt::comm::Groups& g) { got[r] = trainAndCollect(lt::train::parseConfig(dp, n), g, 3); });
+  const auto got = lt::testing::trainOnRanks(dp, n, 1, 3);
   for (int r = 0; r < n; ++r)
     for (size_t i = 0; i < expect.size(); ++i) {
-      EXPECT_LE(relErr(got[r][i], expect[i]), Tol::kDataParallel) << "rank " << r << " parameter " << i;
-      EXPECT_TRUE(at::equal(got[r][i], got[0][i])) << "ranks disagree on parameter " << i;
+      EXPECT_LE(relErr(got[r].params[i], expect[i]), Tol::kDataParallel) << "rank " << r << " parameter " << i;
+      EXPECT_TRUE(at::equal(got[r].params[i], got[0].params[i])) << "ranks disagree on parameter " << i;
     }
   // The step must actually have moved the parameters (a test that cannot fail is no test).
   lt::model::Model init(lt::train::parseConfig(ref, 1).model, 1234);

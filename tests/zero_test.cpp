@@ -104,17 +104,9 @@ json withSuperOffload(json j) {
 }
 
 std::vector<at::Tensor> run(const json& j, int world, int sp, int steps, std::vector<double>* losses = nullptr) {
-  std::vector<at::Tensor> out;
-  runRanks(world, sp, [&](int r, lt::comm::Groups& g) {
-    lt::train::Engine e(lt::train::parseConfig(j, world), g);
-    for (int s = 0; s < steps; ++s) {
-      double l = e.step().loss;
-      if (r == 0 && losses) losses->push_back(l);
-    }
-    auto p = e.fullParameters();
-    if (r == 0) out = p;
-  });
-  return out;
+  auto r = lt::testing::trainOnRanks(j, world, sp, steps)[0];
+  if (losses) *losses = r.losses;
+  return r.params;
 }
 
 double worst(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
