@@ -6,10 +6,14 @@
 #include <nlohmann/json.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <signal.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
+#include "longtrain/ckpt/checkpoint.h"
 #include "longtrain/comm/comm.h"
 #include "longtrain/comm/launch.h"
 #include "longtrain/core/check.h"
@@ -23,8 +27,18 @@ int envInt(const char* k, int def) {
   return v && *v ? std::atoi(v) : def;
 }
 
-int cmdTrain(int argc, char** argv, const std::string& configPath, int nprocFlag, const std::vector<std::string>& sets,
-             const std::string& metricsPath, bool printProgram) {
+struct TrainFlags {
+  std::string config, metrics, resume;
+  bool resumeGiven = false, printProgram = false;
+  int nproc = 0;  // 0: the config's train.nproc
+  int maxRestarts = 0;
+  std::vector<std::string> sets;
+};
+
+int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
+  const std::string& configPath = fl.config;
+  const int nprocFlag = fl.nproc;
+  const auto& sets = fl.sets;
   const bool inRank = std::getenv("WORLD_SIZE") != nullptr;
   nlohmann::json j = lt::train::loadConfigJson(configPath, sets);
   // --nproc wins; else the config's train.nproc (validated by parseConfig below).
@@ -38,11 +52,20 @@ int cmdTrain(int argc, char** argv, const std::string& configPath, int nprocFlag
   const int world = inRank ? envInt("WORLD_SIZE", 1) : nproc;
   // Validate before launching, so a config error is reported once, not once per rank.
   lt::train::Config cfg = lt::train::parseConfig(j, world);
-  if (!inRank && nproc > 1) {
+  std::string resume = fl.resume;
+  if (fl.resumeGiven && resume.empty()) {
+    resume = cfg.train.checkpoint.dir;
+    LT_CHECK(!resume.empty(), "--resume without a directory needs train.checkpoint.dir in the config");
+  }
+  if (!resume.empty() && !inRank) (void)lt::ckpt::resolve(resume);  // fail before launching anything
+  LT_CHECK(fl.maxRestarts == 0 || !cfg.train.checkpoint.dir.empty(), "--max-restarts ", fl.maxRestarts,
+           " needs train.checkpoint.dir (and every_steps), or a restart would start over from step 0");
+  if (!inRank && (nproc > 1 || fl.maxRestarts > 0)) {
     std::vector<std::string> args(argv, argv + argc);
     lt::comm::LaunchOptions lo;
     lo.nproc = nproc;
     lo.grace = std::chrono::milliseconds(static_cast<int64_t>(cfg.train.commTimeoutS * 1000) + 10000);
+    lo.maxRestarts = fl.maxRestarts;
     return lt::comm::launchLocal(args, lo);
   }
   auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.train.commTimeoutS * 1000));
@@ -62,15 +85,37 @@ int cmdTrain(int argc, char** argv, const std::string& configPath, int nprocFlag
     groups = lt::comm::makeGroups(rv.store, rv.rank, rv.size, cfg.sequenceParallelSize, co, rv.heartbeatStore);
   }
   lt::train::TrainOptions to;
-  to.metricsPath = metricsPath;
-  to.printProgram = printProgram;
-  to.faultKillRank = envInt("LONGTRAIN_FAULT_KILL_RANK", -1);
-  to.faultKillStep = envInt("LONGTRAIN_FAULT_KILL_STEP", -1);
+  to.metricsPath = fl.metrics;
+  to.printProgram = fl.printProgram;
+  to.resume = resume;
+  // Fault injection (tests) fires on the first attempt only, so a restarted job can finish.
+  const int attempt = envInt("LONGTRAIN_RESTART_ATTEMPT", 0);
+  to.restarted = attempt > 0;
+  if (attempt == 0) {
+    to.faultKillRank = envInt("LONGTRAIN_FAULT_KILL_RANK", -1);
+    to.faultKillStep = envInt("LONGTRAIN_FAULT_KILL_STEP", -1);
+    if (const char* stage = std::getenv("LONGTRAIN_FAULT_CKPT_STAGE"); stage && *stage) {
+      const bool me = envInt("LONGTRAIN_FAULT_KILL_RANK", 0) == rv.rank;
+      to.checkpointHook = [st = std::string(stage), me](const std::string& s) {
+        if (me && s == st) ::raise(SIGKILL);
+      };
+    }
+  }
   auto s = lt::train::runTraining(cfg, groups, to);
   if (rv.rank == 0)
     std::printf("done: %lld steps, final loss %.4f, eval loss %.4f, eval accuracy %.3f, %.0f tokens/s\n",
                 (long long)s.steps, s.finalLoss, s.evalLoss, s.evalAccuracy, s.tokensPerS);
   groups.world->barrier();  // nobody tears down its process group while a peer still needs it
+  return 0;
+}
+
+int cmdExport(const std::string& path, const std::string& out) {
+  lt::ckpt::Checkpoint c(lt::ckpt::resolve(path));
+  lt::ckpt::exportModel(c, out);
+  int64_t n = 0;
+  for (const auto& p : c.manifest().params) n += p.numel();
+  std::printf("export: %s (step %lld) -> %s: %zu tensors, %.2fM parameters, fp32, Hugging Face Llama names\n",
+              c.dir().c_str(), (long long)c.manifest().step, out.c_str(), c.manifest().params.size(), n / 1e6);
   return 0;
 }
 
@@ -80,18 +125,28 @@ int main(int argc, char** argv) {
   CLI::App app{"longtrain: long-sequence transformer training (Ulysses SP, ZeRO-3/SuperOffload, compile passes)"};
   app.require_subcommand(1);
   auto* train = app.add_subcommand("train", "train a model from a JSON config (DeepSpeed key names)");
-  std::string config, metrics;
-  int nproc = 0;  // 0: the config's train.nproc
-  std::vector<std::string> sets;
-  bool printProgram = false;
-  train->add_option("CONFIG", config, "path of the JSON config")->required();
-  train->add_option("--nproc", nproc, "local ranks to launch (like torchrun --standalone --nproc-per-node); "
+  TrainFlags fl;
+  train->add_option("CONFIG", fl.config, "path of the JSON config")->required();
+  train->add_option("--nproc", fl.nproc, "local ranks to launch (like torchrun --standalone --nproc-per-node); "
                                      "default: the config's train.nproc")
       ->check(CLI::Range(1, 1024));
-  train->add_option("--set", sets, "override a config key by its dotted path with a JSON value, e.g. "
+  train->add_option("--set", fl.sets, "override a config key by its dotted path with a JSON value, e.g. "
                                    "--set zero_optimization.stage=3 (repeatable)");
-  train->add_option("--metrics", metrics, "write one JSON object per optimizer step to this file (rank 0)");
-  train->add_flag("--print-program", printProgram, "print the step program before training");
+  train->add_option("--metrics", fl.metrics, "write one JSON object per optimizer step to this file (rank 0; "
+                                             "appended to when resuming)");
+  train->add_flag("--print-program", fl.printProgram, "print the step program before training");
+  auto* resumeOpt = train->add_option("--resume", fl.resume, "resume from a checkpoint: a step directory, or a root "
+                                                             "(its newest complete checkpoint); default: "
+                                                             "train.checkpoint.dir")
+                        ->expected(0, 1);
+  train->add_option("--max-restarts", fl.maxRestarts, "restart the whole job from its newest checkpoint up to N "
+                                                      "times when a rank fails (torchrun's --max-restarts)")
+      ->check(CLI::Range(0, 1000));
+  auto* exp = app.add_subcommand("export", "write a checkpoint's model as one safetensors file with Hugging Face "
+                                           "Llama tensor names");
+  std::string ckptPath, outPath;
+  exp->add_option("CKPT", ckptPath, "a checkpoint directory, or a root (its newest complete checkpoint)")->required();
+  exp->add_option("--out", outPath, "the safetensors file to write")->required();
   CLI11_PARSE(app, argc, argv);
   // Flush subnormals to zero before any thread pool exists (new threads inherit the mode):
   // training drives some values (softmax tails, Adam's v) subnormal, and x86 then runs
@@ -99,7 +154,11 @@ int main(int argc, char** argv) {
   at::globalContext().setFlushDenormal(true);
   const int rank = envInt("RANK", 0);
   try {
-    if (*train) return cmdTrain(argc, argv, config, nproc, sets, metrics, printProgram);
+    if (*train) {
+      fl.resumeGiven = resumeOpt->count() > 0;
+      return cmdTrain(argc, argv, fl);
+    }
+    if (*exp) return cmdExport(ckptPath, outPath);
   } catch (const std::exception& e) {
     if (std::getenv("WORLD_SIZE")) std::fprintf(stderr, "longtrain: error on rank %d: %s\n", rank, e.what());
     else std::fprintf(stderr, "longtrain: error: %s\n", e.what());

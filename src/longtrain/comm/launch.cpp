@@ -43,8 +43,10 @@ static std::string describeStatus(int status) {
   return "ended with status " + std::to_string(status);
 }
 
-int launchLocal(const std::vector<std::string>& argv, const LaunchOptions& opts) {
-  LT_CHECK(opts.nproc >= 1, "--nproc must be at least 1, got ", opts.nproc);
+namespace {
+
+// One attempt: starts every rank and waits for all of them. Returns 0 or 1 as launchLocal.
+int runOnce(const std::vector<std::string>& argv, const LaunchOptions& opts, int attempt) {
   int port = findFreePort();
   std::vector<pid_t> pids(opts.nproc, -1);
   pid_t parent = ::getpid();
@@ -61,6 +63,7 @@ int launchLocal(const std::vector<std::string>& argv, const LaunchOptions& opts)
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       ::setenv("LONGTRAIN_LAUNCHED", "1", 1);
+      ::setenv("LONGTRAIN_RESTART_ATTEMPT", std::to_string(attempt).c_str(), 1);
       std::vector<char*> args;
       for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
       args.push_back(nullptr);
@@ -106,6 +109,24 @@ int launchLocal(const std::vector<std::string>& argv, const LaunchOptions& opts)
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int launchLocal(const std::vector<std::string>& argv, const LaunchOptions& opts) {
+  LT_CHECK(opts.nproc >= 1, "--nproc must be at least 1, got ", opts.nproc);
+  LT_CHECK(opts.maxRestarts >= 0, "--max-restarts must be at least 0, got ", opts.maxRestarts);
+  for (int attempt = 0;; ++attempt) {
+    if (runOnce(argv, opts, attempt) == 0) return 0;
+    if (attempt >= opts.maxRestarts) {
+      if (opts.maxRestarts > 0)
+        std::fprintf(stderr, "longtrain launcher: giving up after %d restart(s) (--max-restarts %d)\n", attempt,
+                     opts.maxRestarts);
+      return 1;
+    }
+    std::fprintf(stderr, "longtrain launcher: restarting the job (restart %d of %d) from its newest checkpoint\n",
+                 attempt + 1, opts.maxRestarts);
+  }
 }
 
 }  // namespace lt::comm

@@ -278,6 +278,16 @@ Config parseConfig(const json& j, int worldSize) {
     c.train.threads = static_cast<int>(t.getInt("threads", 0, 0, 4096));
     c.train.evalEvery = t.getInt("eval_every", 0, 0, kBig);
     c.train.commTimeoutS = t.getNum("comm_timeout_s", 60, 0.1, 1e6);
+    {
+      Section k = t.sub("checkpoint");
+      c.train.checkpoint.dir = k.getString("dir", "");
+      c.train.checkpoint.everySteps = k.getInt("every_steps", 0, 0, kBig);
+      c.train.checkpoint.keepLast = k.getInt("keep_last", 0, 0, kBig);
+      k.finish();
+      LT_CHECK(c.train.checkpoint.everySteps == 0 || !c.train.checkpoint.dir.empty(),
+               "config key 'train.checkpoint.every_steps' = ", c.train.checkpoint.everySteps,
+               " needs 'train.checkpoint.dir' (where to write checkpoints)");
+    }
     t.finish();
   }
   root.finish();

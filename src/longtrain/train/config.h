@@ -58,12 +58,19 @@ struct DataConfig {
   bool kvFused = false;
 };
 
+struct CheckpointConfig {
+  std::string dir;         // root directory; checkpoints are <dir>/step-NNNNNNNN/
+  int64_t everySteps = 0;  // 0: never (except on request)
+  int64_t keepLast = 0;    // complete checkpoints kept; 0: all
+};
+
 struct TrainSection {
   int64_t steps = 100;
   int nproc = 1;    // local ranks `longtrain train` launches when no launcher started it
   int threads = 0;  // intra-op threads per rank; 0 = the cores this rank owns
   int64_t evalEvery = 0;  // 0 = only at the end
   double commTimeoutS = 60;
+  CheckpointConfig checkpoint;
 };
 
 struct Config {

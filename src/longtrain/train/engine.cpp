@@ -78,11 +78,13 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
   lo.spRank = groups_.sp->rank();
   lo.spSize = groups_.sp->size();
   lo.seed = cfg_.seed;
-  if (P > 1)
-    ulysses_ = std::make_unique<sp::UlyssesLoader>(
-        std::make_unique<sp::LoaderSource>(std::make_unique<data::Loader>(train_, lo)), groups_.sp);
-  else
+  if (P > 1) {
+    auto src = std::make_unique<sp::LoaderSource>(std::make_unique<data::Loader>(train_, lo));
+    spLoader_ = &src->loader();
+    ulysses_ = std::make_unique<sp::UlyssesLoader>(std::move(src), groups_.sp);
+  } else {
     loader_ = std::make_unique<data::Loader>(train_, lo);
+  }
 
   auto params = model_->parameters();
   const auto& o = cfg_.optimizer;
@@ -214,6 +216,99 @@ std::vector<at::Tensor> Engine::fullParameters() {
   std::vector<at::Tensor> out;
   for (auto& p : model_->parameters()) out.push_back(p.detach().clone());
   return out;
+}
+
+// ---------------------------------------------------------------------------- checkpoint state
+namespace {
+// libtorch keys optimizer state by the parameter's TensorImpl address.
+std::string stateKey(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+// The Adam(W) state of every parameter, created (zero, step 0: what the first step would
+// create) where missing.
+template <class State>
+std::vector<State*> adamStates(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params) {
+  std::vector<State*> out;
+  auto& st = opt.state();
+  for (const auto& p : params) {
+    auto& slot = st[stateKey(p)];
+    if (!slot) {
+      auto s = std::make_unique<State>();
+      s->step(0);
+      s->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+      s->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+      slot = std::move(s);
+    }
+    out.push_back(static_cast<State*>(slot.get()));
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<Engine::ParamMeta> Engine::parameterMeta() const {
+  std::vector<ParamMeta> out;
+  for (int g : model_->groupOrder())
+    for (const auto& np : model_->group(g)) {
+      // Under ZeRO-3 the model's tensors are empty between gathers; Zero3 keeps the shapes.
+      const int i = static_cast<int>(out.size());
+      out.push_back({np.name, zero_ ? zero_->paramShape(i) : np.tensor.sizes().vec()});
+    }
+  return out;
+}
+
+std::vector<zero::StateShard> Engine::stateShards() {
+  if (zero_) return zero_->stateShards();
+  auto params = model_->parameters();
+  std::vector<zero::StateShard> out;
+  auto fill = [&](auto states) {
+    for (size_t i = 0; i < params.size(); ++i)
+      out.push_back({static_cast<int>(i), 0, params[i].numel(), params[i].detach().view({-1}),
+                     states[i]->exp_avg().view({-1}), states[i]->exp_avg_sq().view({-1})});
+  };
+  if (cfg_.optimizer.type == "AdamW") fill(adamStates<torch::optim::AdamWParamState>(*opt_, params));
+  else fill(adamStates<torch::optim::AdamParamState>(*opt_, params));
+  return out;
+}
+
+int64_t Engine::adamStepCount() const {
+  if (zero_) return zero_->adamStepCount();
+  auto params = model_->parameters();
+  auto& st = opt_->state();
+  auto it = st.find(stateKey(params.at(0)));
+  return it == st.end() ? 0
+         : cfg_.optimizer.type == "AdamW" ? static_cast<torch::optim::AdamWParamState&>(*it->second).step()
+                                          : static_cast<torch::optim::AdamParamState&>(*it->second).step();
+}
+
+int64_t Engine::loaderCursor() const { return spLoader_ ? spLoader_->cursor() : loader_->cursor(); }
+
+void Engine::beginRestore(int64_t globalStep, int64_t adamStep, int64_t skippedSteps) {
+  LT_ASSERT(step_ == 0 && (!ulysses_ || ulysses_->queued() == 0), "restore into a fresh engine only");
+  step_ = globalStep;
+  // The DP group's stream has served globalStep x accumulation micro-batches. Under SP each
+  // Ulysses gather takes one from each SP rank's loader and serves P shards: seek past the
+  // whole gathers, then replay the partial one (collective, like training).
+  const int64_t served = globalStep * cfg_.gradAccum;
+  if (ulysses_) {
+    const int64_t P = groups_.sp->size();
+    spLoader_->seek(served / P);
+    for (int64_t i = 0; i < served % P; ++i) (void)ulysses_->next();
+  } else {
+    loader_->seek(served);
+  }
+  if (zero_) {
+    zero_->resetState(adamStep, skippedSteps);
+    return;
+  }
+  auto params = model_->parameters();
+  auto reset = [&](auto states) {
+    for (auto* s : states) {
+      s->step(adamStep);
+      s->exp_avg().zero_();
+      s->exp_avg_sq().zero_();
+    }
+  };
+  if (cfg_.optimizer.type == "AdamW") reset(adamStates<torch::optim::AdamWParamState>(*opt_, params));
+  else reset(adamStates<torch::optim::AdamParamState>(*opt_, params));
 }
 
 void Engine::reduceGrads(int group, bool boundary) {

@@ -67,6 +67,26 @@ class Engine {
   const comm::Groups& groups() const { return groups_; }
   const data::Dataset& dataset() const { return *train_; }
 
+  // ---- Checkpoint state (ckpt/ writes and reads it; see ckpt/checkpoint.h).
+  struct ParamMeta {
+    std::string name;  // Hugging Face Llama name
+    std::vector<int64_t> shape;
+  };
+  std::vector<ParamMeta> parameterMeta() const;  // Model::parameters() order
+  // true under ZeRO-3 (each rank holds a chunk of every parameter); false: every rank holds
+  // everything, identical across ranks.
+  bool statePartitioned() const { return zero_ != nullptr; }
+  // This rank's pieces of parameter, master and Adam state, as views of the live buffers.
+  std::vector<zero::StateShard> stateShards();
+  int64_t adamStepCount() const;
+  int64_t skippedSteps() const { return zero_ ? zero_->skippedSteps() : 0; }
+  int64_t loaderCursor() const;  // micro-batches this rank has taken from its own loader
+  // Prepares a fresh engine to continue after `globalStep` optimizer steps: the step counter
+  // (so the LR schedule and the pass schedule), the data position (derived from the step, so
+  // it holds for any world size and SP degree with the same train_batch_size), Adam step
+  // counts; the state is zeroed and the caller fills stateShards(). Collective under SP.
+  void beginRestore(int64_t globalStep, int64_t adamStep, int64_t skippedSteps);
+
  private:
   data::Batch nextMicroBatch();  // with shift_labels; this rank's shard under SP
   void reduceGrads(int group, bool boundary);
@@ -80,6 +100,7 @@ class Engine {
   std::shared_ptr<const data::Dataset> train_, eval_;
   std::unique_ptr<data::Loader> loader_;         // SP = 1
   std::unique_ptr<sp::UlyssesLoader> ulysses_;  // SP > 1 (owns this rank's loader)
+  data::Loader* spLoader_ = nullptr;             // SP > 1: the loader inside ulysses_
   std::unique_ptr<torch::optim::Optimizer> opt_;
   std::unique_ptr<zero::Zero3> zero_;  // ZeRO stage 3 (replaces opt_)
   zero::ZeroStepResult lastZero_;

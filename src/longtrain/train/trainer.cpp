@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "longtrain/ckpt/checkpoint.h"
 #include "longtrain/core/check.h"
 #include "longtrain/train/engine.h"
 
@@ -26,6 +27,24 @@ std::string humanTime(double s) {
 TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOptions& opts) {
   const bool lead = groups.world->rank() == 0;
   Engine engine(cfg, groups);
+  std::string from = opts.resume;
+  if (opts.restarted && !cfg.train.checkpoint.dir.empty())
+    if (std::string latest = ckpt::findLatest(cfg.train.checkpoint.dir); !latest.empty()) from = latest;
+  if (!from.empty()) {
+    ckpt::Checkpoint c(ckpt::resolve(from));
+    ckpt::load(engine, c);
+    const auto& m = c.manifest();
+    if (lead) {
+      std::printf("resume: from %s at step %lld (saved at world %d, sp %d, zero stage %d)\n", c.dir().c_str(),
+                  (long long)m.step, m.worldSize, m.spSize, m.zeroStage);
+      if (m.configHash != ckpt::configHash(cfg.source)) {
+        std::string keys;
+        for (const auto& op : nlohmann::json::diff(m.config, nlohmann::json::parse(cfg.source)))
+          keys += " " + op["path"].get<std::string>();
+        std::printf("resume: the config differs from the checkpoint's at:%s\n", keys.c_str());
+      }
+    }
+  }
   if (lead) {
     std::printf("longtrain: %d rank(s) (sp=%d, dp=%d), model %.2fM params (%lld layers, hidden %lld), data %s\n",
                 groups.world->size(), groups.sp->size(), groups.dp->size(), cfg.model.numParams() / 1e6,
@@ -46,17 +65,28 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
   };
   std::ofstream metrics;
   if (lead && !opts.metricsPath.empty()) {
-    metrics.open(opts.metricsPath, std::ios::trunc);
+    // A resumed run appends: the file keeps the steps before the checkpoint.
+    metrics.open(opts.metricsPath, engine.globalStep() > 0 ? std::ios::app : std::ios::trunc);
     LT_CHECK(metrics.good(), "--metrics: cannot open '", opts.metricsPath, "' for writing");
   }
 
   TrainSummary sum;
   double elapsed = 0, tokensSeen = 0;
-  for (int64_t s = 0; s < cfg.train.steps; ++s) {
+  sum.firstStep = engine.globalStep();
+  const auto& ck = cfg.train.checkpoint;
+  for (int64_t s = engine.globalStep(); s < cfg.train.steps; ++s) {
     if (opts.faultKillRank == groups.world->rank() && opts.faultKillStep == s) ::raise(SIGKILL);
     StepMetrics m = engine.step();
+    double ckptS = -1;
+    if (ck.everySteps > 0 && (m.step % ck.everySteps == 0 || m.step == cfg.train.steps)) {
+      auto t0 = std::chrono::steady_clock::now();
+      std::string dir = ckpt::save(engine, ck.dir, ck.keepLast, opts.checkpointHook);
+      ckptS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      sum.checkpointSeconds += ckptS;
+      if (lead) std::printf("checkpoint: step %lld -> %s (%.2f s)\n", (long long)m.step, dir.c_str(), ckptS);
+    }
     // The first step pays one-time costs (allocation, thread pools): left out of throughput.
-    if (s > 0 || cfg.train.steps == 1) {
+    if (s > sum.firstStep || cfg.train.steps == sum.firstStep + 1) {
       elapsed += m.stepTimeS;
       tokensSeen += static_cast<double>(m.tokens);
     }
@@ -66,7 +96,7 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
     if (evalNow) e = engine.evaluate();
     if (lead) {
       if (m.step % cfg.stepsPerPrint == 0 || m.step == 1 || m.step == cfg.train.steps) {
-        double eta = (cfg.train.steps - m.step) * (elapsed > 0 ? elapsed / std::max<int64_t>(1, m.step - 1) : m.stepTimeS);
+        double eta = (cfg.train.steps - m.step) * (elapsed > 0 ? elapsed / std::max<int64_t>(1, m.step - 1 - sum.firstStep) : m.stepTimeS);
         std::printf("step %lld/%lld | loss %.4f | acc %.3f | lr %.3g | grad_norm %.3f | %.0f tok/s | ETA %s\n",
                     (long long)m.step, (long long)cfg.train.steps, m.loss, m.accuracy, m.lr, m.gradNorm, tps,
                     humanTime(eta).c_str());
@@ -98,6 +128,7 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
           j["optimizer_adam_s"] = m.zero.adamSeconds;
           j["worker_adam_s"] = m.zero.workerAdamSeconds;
         }
+        if (ckptS >= 0) j["checkpoint_s"] = ckptS;
         if (evalNow) {
           j["eval_loss"] = e.loss;
           j["eval_accuracy"] = e.accuracy;

@@ -1,6 +1,7 @@
 // The training loop around Engine: progress lines and the metrics JSONL on world rank 0,
 // evaluation every `train.eval_every` steps and at the end. The JSONL schema is in the README.
 #pragma once
+#include <functional>
 #include <string>
 
 #include "longtrain/comm/comm.h"
@@ -13,11 +14,20 @@ struct TrainOptions {
   bool printProgram = false;
   int faultKillRank = -1;   // testing hook: this world rank SIGKILLs itself ...
   int64_t faultKillStep = -1;  // ... when it reaches this step
+  // Resume from this checkpoint (a step directory, or a root: its newest complete one).
+  std::string resume;
+  // A restarted job (launcher --max-restarts): resume from the newest complete checkpoint
+  // under train.checkpoint.dir if there is one (it wins over `resume`), else as configured.
+  bool restarted = false;
+  // Called at each stage of every checkpoint save (ckpt::StageHook; fault injection).
+  std::function<void(const std::string&)> checkpointHook;
 };
 
 struct TrainSummary {
   double finalLoss = 0, evalLoss = 0, evalAccuracy = 0, tokensPerS = 0;
   int64_t steps = 0;
+  int64_t firstStep = 0;         // 0, or the step resumed from
+  double checkpointSeconds = 0;  // spent saving checkpoints
 };
 
 TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOptions& opts);

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -132,6 +133,44 @@ std::vector<at::Tensor> Zero3::fullParameters() {
     out.push_back(full.narrow(0, 0, pi.numel).view(pi.shape).clone());
   }
   return out;
+}
+
+// ---------------------------------------------------------------------------- checkpoint state
+std::vector<StateShard> Zero3::stateShards() {
+  const int r = world_->rank();
+  std::vector<StateShard> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& pi = params_[i];
+    const int64_t lo = std::min(pi.numel, r * pi.chunk), hi = std::min(pi.numel, (r + 1) * pi.chunk);
+    if (hi <= lo) continue;
+    auto& sg = subGroups_[pi.subGroup];
+    auto adamView = [&](float* base) {
+      return at::from_blob(base, {sg.partNumel}, at::kFloat).narrow(0, pi.offset, hi - lo);
+    };
+    out.push_back({static_cast<int>(i), lo, hi - lo, sg.master.narrow(0, pi.offset, hi - lo),
+                   adamView(adam_->expAvg(sg.adamGroup)), adamView(adam_->expAvgSq(sg.adamGroup))});
+  }
+  return out;
+}
+
+int64_t Zero3::adamStepCount() const {
+  int64_t step = subGroups_.empty() ? 0 : adam_->stepCount(subGroups_[0].adamGroup);
+  for (const auto& sg : subGroups_)
+    LT_ASSERT(adam_->stepCount(sg.adamGroup) == step, "sub-groups disagree on the Adam step count");
+  return step;
+}
+
+void Zero3::resetState(int64_t adamStep, int64_t skippedSteps) {
+  releaseAll();
+  for (auto& sg : subGroups_) {
+    sg.master.zero_();
+    sg.grad.zero_();
+    std::fill_n(adam_->expAvg(sg.adamGroup), sg.partNumel, 0.0f);
+    std::fill_n(adam_->expAvgSq(sg.adamGroup), sg.partNumel, 0.0f);
+    adam_->setStepCount(sg.adamGroup, adamStep);
+    sg.speculated = false;
+  }
+  skipped_ = skippedSteps;
 }
 
 // ---------------------------------------------------------------------------- gradients

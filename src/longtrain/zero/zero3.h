@@ -69,6 +69,14 @@ struct ZeroStepResult {
   double workerAdamSeconds = 0;      // the worker's speculative Adam steps
 };
 
+// A checkpointable piece of one parameter's state: elements [offset, offset + length) of the
+// flattened parameter, as views of the live buffers (writing them sets the state).
+struct StateShard {
+  int param;  // index in Model::parameters() order
+  int64_t offset, length;
+  at::Tensor master, expAvg, expAvgSq;  // [length] fp32
+};
+
 class Zero3 {
  public:
   Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSize, Zero3Options o);
@@ -98,6 +106,13 @@ class Zero3 {
   // boundary (testing hook for the rollback path).
   void injectGradValue(int subGroup, float value) { inject_ = {subGroup, value}; }
   offload::CpuAdam& adam() { return *adam_; }
+  // Checkpoint state: this rank's chunk of every parameter (empty chunks left out).
+  std::vector<StateShard> stateShards();
+  const std::vector<int64_t>& paramShape(int param) const { return params_.at(param).shape; }
+  int64_t adamStepCount() const;  // equal across sub-groups (a skipped step skips them all)
+  // Before loading: zeroes master, m and v (padding included), sets every sub-group's step
+  // count and drops gathered copies; the caller then fills stateShards().
+  void resetState(int64_t adamStep, int64_t skippedSteps);
   at::Tensor masterPartition(int sg) { return subGroups_[sg].master; }
 
  private:

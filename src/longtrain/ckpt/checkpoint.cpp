@@ -1,0 +1,440 @@
+#include "longtrain/ckpt/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "longtrain/ckpt/safetensors.h"
+#include "longtrain/core/check.h"
+#include "longtrain/core/crc32c.h"
+#include "longtrain/train/engine.h"
+
+namespace lt::ckpt {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kFormat = "longtrain-checkpoint";
+constexpr int kVersion = 1;
+constexpr const char* kManifest = "manifest.json";
+
+// ------------------------------------------------------------------------------ manifest fields
+class Fields {
+ public:
+  Fields(const json& j, std::string what, std::string path) : j_(j), what_(std::move(what)), path_(std::move(path)) {
+    LT_CHECK(j_.is_object(), what_, ": '", path_.empty() ? "(top level)" : path_, "' must be an object");
+  }
+  const json& at(const std::string& k) const {
+    auto it = j_.find(k);
+    LT_CHECK(it != j_.end(), what_, ": field '", key(k), "' is missing");
+    return *it;
+  }
+  int64_t i64(const std::string& k, int64_t lo = 0) const {
+    const json& v = at(k);
+    LT_CHECK(v.is_number_integer() && v.get<int64_t>() >= lo, what_, ": field '", key(k),
+             "' must be an integer >= ", lo, ", got ", v.dump().substr(0, 80));
+    return v.get<int64_t>();
+  }
+  std::string str(const std::string& k) const {
+    const json& v = at(k);
+    LT_CHECK(v.is_string(), what_, ": field '", key(k), "' must be a string, got ", v.dump().substr(0, 80));
+    return v.get<std::string>();
+  }
+  bool boolean(const std::string& k) const {
+    const json& v = at(k);
+    LT_CHECK(v.is_boolean(), what_, ": field '", key(k), "' must be true or false");
+    return v.get<bool>();
+  }
+  const json& array(const std::string& k) const {
+    const json& v = at(k);
+    LT_CHECK(v.is_array(), what_, ": field '", key(k), "' must be an array");
+    return v;
+  }
+  std::string key(const std::string& k) const { return path_.empty() ? k : path_ + "." + k; }
+
+ private:
+  const json& j_;
+  std::string what_, path_;
+};
+
+uint32_t fileCrc(const std::string& path, int64_t bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  LT_CHECK(fd >= 0, "cannot open '", path, "': ", std::strerror(errno));
+  uint32_t crc = 0;
+  if (bytes > 0) {
+    void* m = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    LT_CHECK(m != MAP_FAILED, "cannot map '", path, "': ", std::strerror(errno));
+    ::madvise(m, static_cast<size_t>(bytes), MADV_SEQUENTIAL);
+    crc = crc32c(m, static_cast<size_t>(bytes));
+    ::munmap(m, static_cast<size_t>(bytes));
+  } else {
+    ::close(fd);
+  }
+  return crc;
+}
+
+std::string hex32(uint32_t v) { return fmt::format("{:08x}", v); }
+
+// Checkpoint directories under root: (step, path, complete), by step.
+struct Entry {
+  int64_t step;
+  fs::path path;
+  bool complete;
+};
+std::vector<Entry> listCheckpoints(const fs::path& root) {
+  std::vector<Entry> out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  for (const auto& d : fs::directory_iterator(root, ec)) {
+    const std::string n = d.path().filename().string();
+    if (!d.is_directory() || n.size() != 13 || n.rfind("step-", 0) != 0) continue;
+    if (!std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    out.push_back({std::stoll(n.substr(5)), d.path(), fs::exists(d.path() / kManifest)});
+  }
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.step < b.step; });
+  return out;
+}
+
+// Deletes a checkpoint: its manifest first (so it is incomplete from then on), then the rest.
+void removeCheckpoint(const Entry& e, const StageHook& hook) {
+  if (e.complete) {
+    fs::remove(e.path / kManifest);
+    fsyncDirectory(e.path.string());
+    if (hook) hook("pruning");
+  }
+  fs::remove_all(e.path);
+}
+
+void prune(const fs::path& root, int64_t keepLast, int64_t newest, const StageHook& hook) {
+  auto all = listCheckpoints(root);
+  int64_t completeSeen = 0;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (it->complete) {
+      ++completeSeen;
+      if (keepLast > 0 && completeSeen > keepLast) removeCheckpoint(*it, hook);
+    } else if (it->step < newest) {
+      removeCheckpoint(*it, hook);  // left by a crash during an earlier save
+    }
+  }
+  fsyncDirectory(root.string());
+}
+
+}  // namespace
+
+int64_t ParamRecord::numel() const {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  return n;
+}
+
+std::string configHash(const std::string& canonical) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  for (unsigned char c : canonical) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return fmt::format("{:016x}", h);
+}
+
+std::string checkpointDirName(int64_t step) { return fmt::format("step-{:08d}", step); }
+std::string rankFileName(int rank, int world) { return fmt::format("rank-{:05d}-of-{:05d}.safetensors", rank, world); }
+
+// ------------------------------------------------------------------------------ manifest
+std::string manifestJson(const Manifest& m) {
+  json params = json::array(), files = json::array();
+  for (const auto& p : m.params) params.push_back({{"name", p.name}, {"shape", p.shape}});
+  for (const auto& f : m.files) files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"crc32c", hex32(f.crc32c)}});
+  json j = {{"format", kFormat},
+            {"version", kVersion},
+            {"step", m.step},
+            {"adam_step", m.adamStep},
+            {"skipped_steps", m.skippedSteps},
+            {"data", {{"samples_consumed", m.samplesConsumed},
+                      {"train_batch_size", m.trainBatchSize},
+                      {"loader_cursors", m.loaderCursors}}},
+            {"layout", {{"world_size", m.worldSize},
+                        {"sequence_parallel_size", m.spSize},
+                        {"zero_stage", m.zeroStage},
+                        {"partitioned", m.partitioned}}},
+            {"config_hash", m.configHash},
+            {"config", m.config},
+            {"params", params},
+            {"files", files}};
+  return j.dump(1) + "\n";
+}
+
+Manifest parseManifest(const std::string& text, const std::string& what) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  LT_CHECK(!j.is_discarded(), what, ": not valid JSON (a truncated or corrupt manifest)");
+  Fields top(j, what, "");
+  LT_CHECK(top.str("format") == kFormat, what, ": field 'format' is '", top.str("format"), "', expected '", kFormat,
+           "'");
+  LT_CHECK(top.i64("version") == kVersion, what, ": version ", top.i64("version"), " is not supported (this build reads ",
+           kVersion, ")");
+  Manifest m;
+  m.step = top.i64("step");
+  m.adamStep = top.i64("adam_step");
+  m.skippedSteps = top.i64("skipped_steps");
+  LT_CHECK(m.adamStep + m.skippedSteps == m.step, what, ": adam_step ", m.adamStep, " + skipped_steps ",
+           m.skippedSteps, " != step ", m.step);
+  Fields data(top.at("data"), what, "data");
+  m.samplesConsumed = data.i64("samples_consumed");
+  m.trainBatchSize = data.i64("train_batch_size", 1);
+  for (const auto& c : data.array("loader_cursors")) {
+    LT_CHECK(c.is_number_integer() && c.get<int64_t>() >= 0, what, ": data.loader_cursors has a bad entry");
+    m.loaderCursors.push_back(c.get<int64_t>());
+  }
+  Fields lay(top.at("layout"), what, "layout");
+  m.worldSize = static_cast<int>(std::min<int64_t>(lay.i64("world_size", 1), 1 << 20));
+  m.spSize = static_cast<int>(std::min<int64_t>(lay.i64("sequence_parallel_size", 1), 1 << 20));
+  m.zeroStage = static_cast<int>(std::min<int64_t>(lay.i64("zero_stage"), 3));
+  m.partitioned = lay.boolean("partitioned");
+  LT_CHECK(m.worldSize % m.spSize == 0, what, ": world_size ", m.worldSize, " is not a multiple of sequence_parallel_size ",
+           m.spSize);
+  LT_CHECK(static_cast<int>(m.loaderCursors.size()) == m.worldSize, what, ": data.loader_cursors has ",
+           m.loaderCursors.size(), " entries for world_size ", m.worldSize);
+  m.configHash = top.str("config_hash");
+  m.config = top.at("config");
+  LT_CHECK(m.config.is_object(), what, ": field 'config' must be an object");
+  for (const auto& p : top.array("params")) {
+    Fields f(p, what, "params[]");
+    ParamRecord r;
+    r.name = f.str("name");
+    int64_t numel = 1;
+    for (const auto& s : f.array("shape")) {
+      LT_CHECK(s.is_number_integer() && s.get<int64_t>() >= 0 && s.get<int64_t>() <= (int64_t{1} << 40), what,
+               ": params '", r.name, "': bad shape entry ", s.dump().substr(0, 40));
+      r.shape.push_back(s.get<int64_t>());
+      LT_CHECK(numel <= (int64_t{1} << 40) / std::max<int64_t>(1, s.get<int64_t>()), what, ": params '", r.name,
+               "': shape too large");
+      numel *= s.get<int64_t>();
+    }
+    m.params.push_back(std::move(r));
+  }
+  for (const auto& fj : top.array("files")) {
+    Fields f(fj, what, "files[]");
+    FileRecord r;
+    r.name = f.str("name");
+    LT_CHECK(!r.name.empty() && r.name.find('/') == std::string::npos && r.name != "." && r.name != "..", what,
+             ": file name '", r.name, "' must be a plain name inside the checkpoint directory");
+    r.bytes = f.i64("bytes");
+    std::string c = f.str("crc32c");
+    LT_CHECK(c.size() == 8 && c.find_first_not_of("0123456789abcdef") == std::string::npos, what, ": file '", r.name,
+             "': crc32c '", c, "' is not 8 hex digits");
+    r.crc32c = static_cast<uint32_t>(std::stoul(c, nullptr, 16));
+    m.files.push_back(std::move(r));
+  }
+  LT_CHECK(static_cast<int>(m.files.size()) == m.worldSize, what, ": ", m.files.size(), " files for world_size ",
+           m.worldSize);
+  return m;
+}
+
+// ------------------------------------------------------------------------------ save
+std::string save(train::Engine& e, const std::string& root, int64_t keepLast, const StageHook& hook) {
+  auto& world = *e.groups().world;
+  const int r = world.rank(), W = world.size();
+  const int64_t step = e.globalStep();
+  const fs::path dir = fs::path(root) / checkpointDirName(step);
+  if (r == 0) {
+    fs::create_directories(dir);
+    if (fs::exists(dir / kManifest)) {  // re-saving a step (after a restart): incomplete first
+      fs::remove(dir / kManifest);
+      fsyncDirectory(dir.string());
+    }
+    fsyncDirectory(root);
+  }
+  world.barrier();
+
+  const auto meta = e.parameterMeta();
+  std::vector<NamedTensor> ts;
+  if (e.statePartitioned() || r == 0)
+    for (const auto& s : e.stateShards()) {
+      const std::string& n = meta[s.param].name;
+      ts.push_back({n, s.master});
+      ts.push_back({n + ".exp_avg", s.expAvg});
+      ts.push_back({n + ".exp_avg_sq", s.expAvgSq});
+    }
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    ts.push_back({"rng.cpu", gen.get_state()});
+  }
+  const std::string fileName = rankFileName(r, W);
+  FileDigest d = writeSafetensors((dir / fileName).string(), ts,
+                                  {{"longtrain.rank", std::to_string(r)}, {"longtrain.step", std::to_string(step)}},
+                                  [&] { if (hook) hook("rank_file_fsynced"); });
+
+  auto mine = at::tensor({d.bytes, static_cast<int64_t>(d.crc32c), e.loaderCursor()}, at::kLong);
+  auto all = at::empty({3 * W}, at::kLong);
+  world.allGather(all, mine).wait();
+  if (hook) hook("rank_files_renamed");
+
+  if (r == 0) {
+    const auto& cfg = e.config();
+    Manifest m;
+    m.step = step;
+    m.adamStep = e.adamStepCount();
+    m.skippedSteps = e.skippedSteps();
+    m.trainBatchSize = cfg.trainBatchSize;
+    m.samplesConsumed = step * cfg.trainBatchSize;
+    m.worldSize = W;
+    m.spSize = cfg.sequenceParallelSize;
+    m.zeroStage = cfg.zero.stage;
+    m.partitioned = e.statePartitioned();
+    m.configHash = configHash(cfg.source);
+    m.config = json::parse(cfg.source);
+    for (const auto& p : meta) m.params.push_back({p.name, p.shape});
+    auto* a = all.data_ptr<int64_t>();
+    for (int q = 0; q < W; ++q) {
+      m.files.push_back({rankFileName(q, W), a[3 * q], static_cast<uint32_t>(a[3 * q + 1])});
+      m.loaderCursors.push_back(a[3 * q + 2]);
+    }
+    const std::string text = manifestJson(m);
+    AtomicFile f((dir / kManifest).string());
+    f.write(text.data(), text.size());
+    f.commit([&] { if (hook) hook("manifest_fsynced"); });
+    if (hook) hook("committed");
+    prune(root, keepLast, step, hook);
+  }
+  world.barrier();
+  return dir.string();
+}
+
+std::string findLatest(const std::string& root) {
+  auto all = listCheckpoints(root);
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (it->complete) return it->path.string();
+  return "";
+}
+
+std::string resolve(const std::string& path) {
+  if (fs::exists(fs::path(path) / kManifest)) return path;
+  std::string latest = findLatest(path);
+  LT_CHECK(!latest.empty(), "--resume: '", path, "' holds no complete checkpoint (a directory with ", kManifest,
+           ", or step-NNNNNNNN/ directories holding one)");
+  return latest;
+}
+
+// ------------------------------------------------------------------------------ load
+Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
+  const fs::path mp = fs::path(dir) / kManifest;
+  std::ifstream in(mp, std::ios::binary);
+  LT_CHECK(in.good(), "'", dir, "' is not a complete checkpoint: it has no ", kManifest);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  m_ = parseManifest(ss.str(), "'" + mp.string() + "'");
+  for (const auto& f : m_.files) {
+    const std::string p = (fs::path(dir) / f.name).string();
+    struct stat st{};
+    LT_CHECK(::stat(p.c_str(), &st) == 0, "checkpoint file '", p, "' is missing (the manifest lists it)");
+    LT_CHECK(st.st_size == f.bytes, "checkpoint file '", p, "' has ", st.st_size, " bytes, the manifest says ", f.bytes,
+             ": it is truncated or was replaced; refusing to load it");
+    uint32_t crc = fileCrc(p, f.bytes);
+    LT_CHECK(crc == f.crc32c, "checkpoint file '", p, "' is corrupt: its CRC-32C is ", hex32(crc),
+             ", the manifest says ", hex32(f.crc32c), "; refusing to load it (resume from an older checkpoint)");
+    files_.push_back(std::make_unique<SafetensorsFile>(p));
+  }
+}
+
+Checkpoint::~Checkpoint() = default;
+
+void Checkpoint::read(int param, const std::string& kind, int64_t offset, at::Tensor dst) const {
+  LT_ASSERT(param >= 0 && param < static_cast<int>(m_.params.size()));
+  const auto& p = m_.params[param];
+  const int64_t numel = p.numel(), n = dst.numel();
+  LT_ASSERT(offset >= 0 && offset + n <= numel, "range outside parameter ", p.name);
+  const std::string name = kind.empty() ? p.name : p.name + "." + kind;
+  auto piece = [&](int rank, int64_t lo, int64_t hi) {  // file `rank` holds [lo, hi)
+    const auto& f = *files_[rank];
+    const TensorEntry* e = f.find(name);
+    LT_CHECK(e, "checkpoint file '", f.path(), "' has no tensor '", name, "' (the manifest's layout says it should)");
+    at::Tensor v = f.view(name);
+    LT_CHECK(v.scalar_type() == at::kFloat && v.dim() == 1 && v.numel() == hi - lo, "checkpoint file '", f.path(),
+             "': tensor '", name, "' is ", e->dtype, " of ", v.numel(), " elements, expected F32 of ", hi - lo);
+    const int64_t a = std::max(lo, offset), b = std::min(hi, offset + n);
+    if (b > a) dst.narrow(0, a - offset, b - a).copy_(v.narrow(0, a - lo, b - a));
+  };
+  if (!m_.partitioned) return piece(0, 0, numel);
+  const int64_t W = m_.worldSize, c = (numel + W - 1) / W;
+  if (n == 0 || c == 0) return;
+  for (int64_t r = offset / c; r <= (offset + n - 1) / c && r < W; ++r)
+    piece(static_cast<int>(r), r * c, std::min(numel, (r + 1) * c));
+}
+
+at::Tensor Checkpoint::full(int param, const std::string& kind) const {
+  const auto& p = m_.params.at(param);
+  auto t = at::empty({p.numel()}, at::kFloat);
+  read(param, kind, 0, t);
+  return t.view(p.shape);
+}
+
+at::Tensor Checkpoint::rngState(int rank) const {
+  const auto& f = *files_.at(rank);
+  return f.find("rng.cpu") ? f.view("rng.cpu").clone() : at::Tensor();
+}
+
+void load(train::Engine& e, const Checkpoint& c) {
+  const Manifest& m = c.manifest();
+  const auto& cfg = e.config();
+  const std::string what = "checkpoint '" + c.dir() + "'";
+  // The model must be the same one: name the keys that differ.
+  json now = json::parse(cfg.source);
+  json then = m.config.contains("model") ? m.config["model"] : json::object();
+  json nowModel = now.contains("model") ? now["model"] : json::object();
+  if (then != nowModel) {
+    std::string diffs;
+    for (const auto& op : json::diff(then, nowModel)) diffs += " model" + op["path"].get<std::string>();
+    LT_CHECK(false, what, " was saved for a different model; these keys differ:", diffs,
+             ". Use the config it was saved with (its manifest.json holds it)");
+  }
+  const auto meta = e.parameterMeta();
+  LT_CHECK(meta.size() == m.params.size(), what, " has ", m.params.size(), " parameters, this model ", meta.size());
+  for (size_t i = 0; i < meta.size(); ++i)
+    LT_CHECK(meta[i].name == m.params[i].name && meta[i].shape == m.params[i].shape, what, ": parameter ", i, " is '",
+             m.params[i].name, "' there and '", meta[i].name, "' here (or their shapes differ)");
+  LT_CHECK(m.trainBatchSize == cfg.trainBatchSize, what, " was taken at train_batch_size=", m.trainBatchSize,
+           ", this run has ", cfg.trainBatchSize, ": the data position cannot carry over; keep train_batch_size (",
+           "change train_micro_batch_size_per_gpu or gradient_accumulation_steps with the world size instead)");
+
+  e.beginRestore(m.step, m.adamStep, m.skippedSteps);
+  for (const auto& s : e.stateShards()) {
+    c.read(s.param, "", s.offset, s.master);
+    c.read(s.param, "exp_avg", s.offset, s.expAvg);
+    c.read(s.param, "exp_avg_sq", s.offset, s.expAvgSq);
+  }
+  const int r = e.groups().world->rank();
+  const bool sameLayout = m.worldSize == e.groups().world->size() && m.spSize == cfg.sequenceParallelSize &&
+                          m.partitioned == e.statePartitioned();
+  if (sameLayout)
+    LT_ASSERT(e.loaderCursor() == m.loaderCursors[r], what, ": rank ", r, " data position ", e.loaderCursor(),
+              " != the saved ", m.loaderCursors[r]);
+  at::Tensor rng = c.rngState(sameLayout ? r : 0);
+  if (rng.defined()) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng);
+  }
+}
+
+void exportModel(const Checkpoint& c, const std::string& outPath) {
+  std::vector<NamedTensor> ts;
+  for (size_t i = 0; i < c.manifest().params.size(); ++i)
+    ts.push_back({c.manifest().params[i].name, c.full(static_cast<int>(i))});
+  writeSafetensors(outPath, ts, {{"format", "pt"}});
+}
+
+}  // namespace lt::ckpt

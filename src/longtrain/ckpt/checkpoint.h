@@ -1,0 +1,117 @@
+// Sharded checkpoints (DeepSpeed's ZeRO checkpoints, loadable at another layout like its
+// universal checkpointing). A checkpoint is a directory <root>/step-NNNNNNNN/ holding
+//   rank-RRRRR-of-WWWWW.safetensors  one per world rank: its piece of every parameter's fp32
+//                                    value (the master weights), Adam m and v, as flat
+//                                    [length] tensors "<name>", "<name>.exp_avg",
+//                                    "<name>.exp_avg_sq", plus "rng.cpu" (generator state);
+//   manifest.json                    written last: the checkpoint is complete iff it exists.
+// Layout "partitioned" (ZeRO-3): rank r holds elements [r*c, min(numel, (r+1)*c)) of a
+// parameter, c = ceil(numel / W). Layout "replicated" (no ZeRO): rank 0 holds everything
+// (DP ranks are identical), the other ranks only their generator state.
+// The manifest records the step, the data position, the config and its hash, the world/SP/
+// ZeRO layout, the parameter names and shapes, the Adam step count, and each file's size and
+// CRC-32C. Every file is written to a temporary name, fsynced and renamed; the manifest is
+// renamed last, and pruning (keep_last) deletes a checkpoint's manifest before its files,
+// so a crash at any moment leaves every complete checkpoint loadable.
+// Loading verifies the size and CRC-32C of every file before reading a byte of state, and
+// reads any layout: a parameter range is assembled from whichever rank files hold it.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace lt::train {
+class Engine;
+}
+
+namespace lt::ckpt {
+
+class SafetensorsFile;
+
+struct FileRecord {
+  std::string name;  // relative to the checkpoint directory
+  int64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+
+struct ParamRecord {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t numel() const;
+};
+
+struct Manifest {
+  int64_t step = 0;              // optimizer steps taken
+  int64_t adamStep = 0;          // Adam's bias-correction step count (step minus skipped steps)
+  int64_t skippedSteps = 0;
+  int64_t samplesConsumed = 0;   // step x train_batch_size: the data position
+  int64_t trainBatchSize = 0;
+  std::vector<int64_t> loaderCursors;  // per world rank: micro-batches taken from its loader
+  int worldSize = 1, spSize = 1, zeroStage = 0;
+  bool partitioned = false;
+  std::string configHash;        // FNV-1a 64 of the parsed config, hex
+  nlohmann::json config;         // the parsed config (after --set overrides)
+  std::vector<ParamRecord> params;
+  std::vector<FileRecord> files; // one per world rank, in rank order
+};
+
+// Strict: every field present with its type; an lt::Error names `what` and the field.
+Manifest parseManifest(const std::string& text, const std::string& what);
+std::string manifestJson(const Manifest& m);
+
+std::string configHash(const std::string& canonicalConfigJson);
+std::string checkpointDirName(int64_t step);  // "step-00000042"
+std::string rankFileName(int rank, int world);
+
+// Test and fault-injection hook: called on the saving rank at each stage of a save, by name:
+// "rank_file_fsynced" (temporary rank file written and fsynced, not renamed yet),
+// "rank_files_renamed", "manifest_fsynced" (rank 0, not renamed yet), "committed" (rank 0,
+// manifest in place, before pruning), "pruning" (rank 0, an old checkpoint's manifest
+// deleted, its files not yet). Throwing from it abandons the save as a crash would.
+using StageHook = std::function<void(const std::string& stage)>;
+
+// Saves the engine's state after its last step into <root>/step-N/ (collective over the
+// world). keepLast > 0 then deletes all but the newest keepLast complete checkpoints, and
+// any incomplete one older than this. Returns the checkpoint directory.
+std::string save(train::Engine& engine, const std::string& root, int64_t keepLast, const StageHook& hook = {});
+
+// The newest complete checkpoint under `root` ("" if none).
+std::string findLatest(const std::string& root);
+// `path` itself if it holds a manifest, else the newest complete checkpoint under it; an
+// error naming `path` if there is none.
+std::string resolve(const std::string& path);
+
+// An opened checkpoint: manifest parsed, every file's size and CRC-32C verified.
+class Checkpoint {
+ public:
+  explicit Checkpoint(const std::string& dir);
+  ~Checkpoint();
+  const Manifest& manifest() const { return m_; }
+  const std::string& dir() const { return dir_; }
+  // kind: "" (the parameter), "exp_avg" or "exp_avg_sq". Copies elements [offset, offset +
+  // dst.numel()) of parameter p's flattened state into dst (fp32), from the files that hold them.
+  void read(int param, const std::string& kind, int64_t offset, at::Tensor dst) const;
+  at::Tensor full(int param, const std::string& kind = "") const;  // shaped
+  at::Tensor rngState(int rank) const;  // empty if that file has none
+
+ private:
+  std::string dir_;
+  Manifest m_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+};
+
+// Loads a checkpoint into a freshly constructed engine (collective under SP). The model's
+// parameter names and shapes, and train_batch_size, must match; world size, SP degree and
+// ZeRO stage may differ (resharding).
+void load(train::Engine& engine, const Checkpoint& c);
+
+// The consolidated model, Hugging Face Llama names, fp32, as one safetensors file.
+void exportModel(const Checkpoint& c, const std::string& outPath);
+
+}  // namespace lt::ckpt
