@@ -10,6 +10,8 @@
 #include <fstream>
 #include <string>
 
+#include "longtrain/ckpt/safetensors.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -125,6 +127,84 @@ TEST(Cli, KilledRankFailsTheJobNamingIt) {
   EXPECT_NE(r.out.find("rank 1 (of 3) was killed by signal 9"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("lost rank(s): 1"), std::string::npos) << r.out;
   EXPECT_LT(r.seconds, 5 + 30);  // within the collective timeout (5 s) plus start-up
+}
+
+// ---------------------------------------------------------------------------- checkpoints
+// A ZeRO-3 job on 2 processes checkpointing every 2 steps into `dir`.
+fs::path checkpointConfig(const std::string& name, const fs::path& dir) {
+  json j = tinyConfig();
+  j["train"]["steps"] = 6;
+  j["zero_optimization"] = {{"stage", 3}, {"sub_group_size", 3000}};
+  j["train"]["checkpoint"] = {{"dir", dir.string()}, {"every_steps", 2}, {"keep_last", 2}};
+  return writeConfig(name, j);
+}
+
+std::vector<double> lossesOf(const fs::path& jsonl) {
+  std::vector<double> v;
+  for (const auto& r : readJsonl(jsonl)) v.push_back(r["loss"].get<double>());
+  return v;
+}
+
+TEST(Cli, ResumeContinuesBitExactly) {
+  auto dir = fs::temp_directory_path() / "longtrain_cli_test" / "resume";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto cfg = checkpointConfig("resume.json", dir / "ckpt");
+  auto full = sh(kBin + " train " + cfg.string() + " --nproc 2 --metrics " + (dir / "full.jsonl").string());
+  ASSERT_EQ(full.code, 0) << full.out;
+  EXPECT_TRUE(fs::exists(dir / "ckpt/step-00000004/manifest.json"));
+  EXPECT_FALSE(fs::exists(dir / "ckpt/step-00000002"));  // keep_last 2: steps 4 and 6
+  auto res = sh(kBin + " train " + cfg.string() + " --nproc 2 --resume " + (dir / "ckpt/step-00000004").string() +
+                " --set train.checkpoint.dir=" + (dir / "ckpt2").string() + " --metrics " + (dir / "res.jsonl").string());
+  ASSERT_EQ(res.code, 0) << res.out;
+  EXPECT_NE(res.out.find("resume: from"), std::string::npos) << res.out;
+  auto a = lossesOf(dir / "full.jsonl"), b = lossesOf(dir / "res.jsonl");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0], a[4]);  // bit-exact: JSON keeps 17 significant digits
+  EXPECT_EQ(b[1], a[5]);
+  // The exported model is valid safetensors with the model's tensors.
+  auto ex = sh(kBin + " export " + (dir / "ckpt").string() + " --out " + (dir / "model.safetensors").string());
+  ASSERT_EQ(ex.code, 0) << ex.out;
+  lt::ckpt::SafetensorsFile f((dir / "model.safetensors").string());
+  EXPECT_EQ(f.header().tensors.size(), 21u);
+  EXPECT_NE(f.find("model.layers.1.mlp.down_proj.weight"), nullptr);
+  EXPECT_EQ(f.header().metadata.at("format"), "pt");
+}
+
+// torchrun's --max-restarts: a rank dies (at a step, or while a checkpoint is half-written);
+// the launcher restarts the job, which resumes from the newest complete checkpoint and ends
+// with the final loss of an uninterrupted run.
+TEST(Cli, RestartAfterAKilledRankFinishesWithTheSameLoss) {
+  auto dir = fs::temp_directory_path() / "longtrain_cli_test" / "restart";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto cfg = checkpointConfig("restart.json", dir / "ref");
+  auto ref = sh(kBin + " train " + cfg.string() + " --nproc 2 --metrics " + (dir / "ref.jsonl").string());
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  const double want = lossesOf(dir / "ref.jsonl").back();
+  struct Fault {
+    std::string name, env;
+  };
+  for (const Fault& f : {Fault{"step", "LONGTRAIN_FAULT_KILL_RANK=1 LONGTRAIN_FAULT_KILL_STEP=3"},
+                         Fault{"save", "LONGTRAIN_FAULT_KILL_RANK=0 LONGTRAIN_FAULT_CKPT_STAGE=manifest_fsynced "
+                                                "LONGTRAIN_FAULT_CKPT_SAVE=2"}}) {
+    auto ck = dir / f.name;
+    auto r = sh("env " + f.env + " " + kBin + " train " + cfg.string() + " --nproc 2 --max-restarts 1 --set " +
+                "train.checkpoint.dir=" + ck.string() + " --metrics " + (dir / (f.name + ".jsonl")).string());
+    ASSERT_EQ(r.code, 0) << f.name << "\n" << r.out;
+    EXPECT_NE(r.out.find("was killed by signal 9"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("restarting the job (restart 1 of 1)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("resume: from " + (ck / "step-00000002").string()), std::string::npos) << r.out;
+    EXPECT_EQ(lossesOf(dir / (f.name + ".jsonl")).back(), want) << f.name;
+    EXPECT_LT(r.seconds, 60);
+  }
+  // Without restarts, a rank killed mid-save fails the job naming it (no hang).
+  auto r = sh("env LONGTRAIN_FAULT_KILL_RANK=1 LONGTRAIN_FAULT_CKPT_STAGE=rank_file_fsynced " + kBin + " train " +
+              cfg.string() + " --nproc 2 --set train.checkpoint.dir=" + (dir / "nores").string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("rank 1 (of 2) was killed by signal 9"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lost rank(s): 1"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -95,9 +95,12 @@ int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
     to.faultKillRank = envInt("LONGTRAIN_FAULT_KILL_RANK", -1);
     to.faultKillStep = envInt("LONGTRAIN_FAULT_KILL_STEP", -1);
     if (const char* stage = std::getenv("LONGTRAIN_FAULT_CKPT_STAGE"); stage && *stage) {
+      // This rank dies at that stage of its n-th save (LONGTRAIN_FAULT_CKPT_SAVE, default 1).
       const bool me = envInt("LONGTRAIN_FAULT_KILL_RANK", 0) == rv.rank;
-      to.checkpointHook = [st = std::string(stage), me](const std::string& s) {
-        if (me && s == st) ::raise(SIGKILL);
+      const int nth = envInt("LONGTRAIN_FAULT_CKPT_SAVE", 1);
+      to.checkpointHook = [st = std::string(stage), me, nth, saves = 0](const std::string& s) mutable {
+        if (s == "rank_file_fsynced") ++saves;  // the first stage of every save, on every rank
+        if (me && s == st && saves == nth) ::raise(SIGKILL);
       };
     }
   }

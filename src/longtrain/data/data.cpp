@@ -91,16 +91,24 @@ std::string KvRecallDataset::describe() const {
 TokenFileDataset::TokenFileDataset(const std::string& path, int bytesPerToken, int64_t seqLen, int64_t vocabSize)
     : path_(path), bytesPerToken_(bytesPerToken), seqLen_(seqLen), vocab_(vocabSize) {
   LT_CHECK(bytesPerToken == 1 || bytesPerToken == 2 || bytesPerToken == 4, "token width must be 1, 2 or 4 bytes");
+  LT_CHECK(seqLen >= 1, "data.seq_len=", seqLen, " must be at least 1");
+  LT_CHECK(vocabSize >= 1, "model.vocab_size=", vocabSize, " must be at least 1");
   int fd = ::open(path.c_str(), O_RDONLY);
   LT_CHECK(fd >= 0, "data.path='", path, "': cannot open: ", std::strerror(errno));
   struct stat st {};
-  ::fstat(fd, &st);
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    LT_CHECK(false, "data.path='", path, "' is not a regular file");
+  }
   mapBytes_ = static_cast<size_t>(st.st_size);
-  LT_CHECK(mapBytes_ % bytesPerToken == 0, "data.path='", path, "': size ", mapBytes_,
-           " bytes is not a multiple of the token width ", bytesPerToken, " (wrong data.type?)");
   numTokens_ = static_cast<int64_t>(mapBytes_ / bytesPerToken);
-  LT_CHECK(numTokens_ >= seqLen, "data.path='", path, "' holds ", numTokens_,
-           " tokens, fewer than one window of data.seq_len=", seqLen);
+  if (mapBytes_ % bytesPerToken != 0 || numTokens_ < seqLen) {
+    ::close(fd);
+    LT_CHECK(mapBytes_ % bytesPerToken == 0, "data.path='", path, "': size ", mapBytes_,
+             " bytes is not a multiple of the token width ", bytesPerToken, " (wrong data.type?)");
+    LT_CHECK(false, "data.path='", path, "' holds ", numTokens_, " tokens, fewer than one window of data.seq_len=",
+             seqLen);
+  }
   void* p = ::mmap(nullptr, mapBytes_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   LT_CHECK(p != MAP_FAILED, "data.path='", path, "': mmap failed: ", std::strerror(errno));

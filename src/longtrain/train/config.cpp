@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -37,9 +39,13 @@ class Section {
   int64_t getInt(const std::string& key, int64_t def, int64_t lo, int64_t hi) {
     const json* v = find(key);
     if (!v) return def;
-    bool integral = v->is_number_integer() ||
-                    (v->is_number_float() && v->get<double>() == static_cast<double>(static_cast<int64_t>(v->get<double>())));
+    // A float counts when it is a whole number in int64 range (checked before the cast, which
+    // is undefined behaviour outside it).
+    auto whole = [](double d) { return std::abs(d) < 9.0e18 && d == std::trunc(d); };
+    bool integral = v->is_number_integer() || (v->is_number_float() && whole(v->get<double>()));
     LT_CHECK(integral, "config key '", keyPath(key), "' must be an integer, got ", typeName(*v), " ", v->dump());
+    LT_CHECK(!(v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX), "config key '", keyPath(key), "' = ",
+             v->dump(), " is out of range; expected ", lo, " <= value <= ", hi);
     int64_t x = v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(v->get<double>());
     LT_CHECK(x >= lo && x <= hi, "config key '", keyPath(key), "' = ", x, " is out of range; expected ", lo,
              " <= value <= ", hi);

@@ -1,0 +1,275 @@
+// Property tests over malformed input (the issue's fuzzing, without a clang toolchain): the
+// config parser, the token-file reader, the checkpoint manifest reader and the safetensors
+// header parser are fed mutated versions of valid inputs (byte flips, insertions, deletions,
+// truncations, splices, and JSON-level replacements of any value with any type). Each input
+// must be accepted, or refused with an lt::Error; any other exception fails the test and
+// prints the input. A crash or hang fails the test binary (ctest's timeout). Seeds are fixed,
+// so a failure reproduces; LONGTRAIN_FUZZ_SCALE multiplies the input counts.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "longtrain/ckpt/checkpoint.h"
+#include "longtrain/ckpt/safetensors.h"
+#include "longtrain/core/check.h"
+#include "longtrain/data/data.h"
+#include "testing.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct Rng {
+  uint64_t s;
+  uint64_t next() {  // splitmix64
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  size_t below(size_t n) { return n ? next() % n : 0; }
+};
+
+int64_t scaled(int64_t n) {
+  const char* s = std::getenv("LONGTRAIN_FUZZ_SCALE");
+  return s ? n * std::max(1, std::atoi(s)) : n;
+}
+
+// Byte-level mutations of a valid input.
+std::string mutateBytes(const std::string& in, Rng& r) {
+  std::string s = in;
+  static const char* kTokens[] = {"{", "}", "[", "]", ",", ":", "\"", "-", "0", "1e999", "null", "true",
+                                  "\"\\u0000\"", "-1", "9223372036854775808", "1.5", " ", "\\", "\xff", "\x00"};
+  const int n = 1 + static_cast<int>(r.below(4));
+  for (int k = 0; k < n && !s.empty(); ++k) {
+    size_t at = r.below(s.size());
+    switch (r.below(6)) {
+      case 0: s[at] = static_cast<char>(s[at] ^ (1 << r.below(8))); break;
+      case 1: s[at] = static_cast<char>(r.next()); break;
+      case 2: s.erase(at, 1 + r.below(16)); break;
+      case 3: s.insert(at, kTokens[r.below(sizeof kTokens / sizeof *kTokens)]); break;
+      case 4: s.resize(at); break;
+      case 5: {  // splice: duplicate a random slice elsewhere
+        size_t from = r.below(s.size()), len = r.below(32);
+        s.insert(at, s.substr(from, len));
+        break;
+      }
+    }
+  }
+  return s;
+}
+
+json randomValue(Rng& r) {
+  switch (r.below(14)) {
+    case 0: return nullptr;
+    case 1: return true;
+    case 2: return -1;
+    case 3: return 0;
+    case 4: return 1e300;
+    case 5: return -1e300;
+    case 6: return 2.5;
+    case 7: return std::numeric_limits<int64_t>::max();
+    case 8: return std::numeric_limits<uint64_t>::max();
+    case 9: return "x";
+    case 10: return json::array();
+    case 11: return json::object();
+    case 12: return json::array({1, "a", nullptr});
+    default: return static_cast<int64_t>(r.below(100000)) - 50000;
+  }
+}
+
+// JSON-level mutation: replace, delete or add at a random node.
+void mutateJson(json& j, Rng& r, int depth = 0) {
+  if (j.is_object() && !j.empty() && depth < 8 && r.below(3) != 0) {
+    auto it = j.begin();
+    std::advance(it, r.below(j.size()));
+    if (r.below(6) == 0) {
+      j.erase(it);
+    } else if (r.below(8) == 0) {
+      j[it.key() + "_"] = randomValue(r);  // an unknown key
+    } else {
+      mutateJson(*it, r, depth + 1);
+    }
+    return;
+  }
+  if (j.is_array() && !j.empty() && depth < 8 && r.below(3) != 0) {
+    if (r.below(6) == 0) j.erase(r.below(j.size()));
+    else mutateJson(j[r.below(j.size())], r, depth + 1);
+    return;
+  }
+  j = randomValue(r);
+}
+
+// Runs `f` on an input; only lt::Error may escape. Returns false (and prints) otherwise.
+template <class F>
+bool survives(F&& f, const std::string& what, const std::string& input, int* rejected) {
+  try {
+    f();
+  } catch (const lt::Error&) {
+    ++*rejected;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << what << ": escaped " << typeid(e).name() << ": " << e.what() << "\ninput: " << input.substr(0, 400);
+    return false;
+  }
+  return true;
+}
+
+struct Tally {
+  const char* target;
+  int64_t inputs = 0;
+  int rejected = 0;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  ~Tally() {
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("fuzz %-12s %7lld inputs, %6d refused with lt::Error, %lld accepted, %.1f s\n", target,
+                (long long)inputs, rejected, (long long)(inputs - rejected), s);
+  }
+};
+
+TEST(Fuzz, ConfigParser) {
+  Tally t{"config"};
+  Rng r{1};
+  json base = lt::testing::tinyTrainConfig();
+  base["zero_optimization"] = {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}, {"super_offload", true}}}};
+  base["scheduler"] = {{"type", "WarmupCosineLR"}, {"params", {{"total_num_steps", 10}}}};
+  base["compile"] = {{"deepcompile", true}, {"schedule", {{0, {"zero3"}}, {2, {"zero3", "prefetch"}}}}};
+  base["train"]["checkpoint"] = {{"dir", "/tmp/x"}, {"every_steps", 2}, {"keep_last", 1}};
+  base["sequence_parallel_size"] = 2;
+  const std::string text = base.dump();
+  const int64_t n = scaled(20000);
+  for (int64_t i = 0; i < n; ++i, ++t.inputs) {
+    std::string in;
+    json j;
+    if (i % 2 == 0) {
+      in = mutateBytes(text, r);
+      j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) {  // the CLI refuses it as "not valid JSON" before parsing
+        ++t.rejected;
+        continue;
+      }
+    } else {
+      j = base;
+      for (int k = 0, m = 1 + static_cast<int>(r.below(3)); k < m; ++k) mutateJson(j, r);
+      in = j.dump();
+    }
+    const int world = 1 + static_cast<int>(r.below(4));
+    if (!survives([&] { lt::train::parseConfig(j, world); }, "config", in, &t.rejected)) return;
+  }
+}
+
+TEST(Fuzz, ManifestReader) {
+  Tally t{"manifest"};
+  // A real manifest of a ZeRO-3 checkpoint at world 2.
+  auto root = fs::temp_directory_path() / "longtrain_fuzz" / "manifest";
+  fs::remove_all(root);
+  json cfg = lt::testing::tinyTrainConfig();
+  cfg["zero_optimization"] = {{"stage", 3}};
+  lt::testing::runRanks(2, 1, [&](int, lt::comm::Groups& g) {
+    lt::train::Engine e(lt::train::parseConfig(cfg, 2), g);
+    e.step();
+    lt::ckpt::save(e, root.string(), 0);
+  });
+  const std::string dir = lt::ckpt::findLatest(root.string());
+  std::ifstream f(dir + "/manifest.json");
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const json base = json::parse(text);
+  Rng r{2};
+  const int64_t n = scaled(20000);
+  for (int64_t i = 0; i < n; ++i, ++t.inputs) {
+    std::string in;
+    if (i % 2 == 0) {
+      in = mutateBytes(text, r);
+    } else {
+      json j = base;
+      for (int k = 0, m = 1 + static_cast<int>(r.below(3)); k < m; ++k) mutateJson(j, r);
+      in = j.dump();
+    }
+    if (!survives([&] { lt::ckpt::parseManifest(in, "manifest"); }, "manifest", in, &t.rejected)) return;
+  }
+  // Through the whole open path (files listed by a mutated manifest are looked up, sized
+  // and checksummed): a sample of structural mutations, written over a copy.
+  auto copy = root / "copy";
+  fs::create_directories(copy);
+  for (const auto& e : fs::directory_iterator(dir)) fs::copy_file(e.path(), copy / e.path().filename());
+  for (int64_t i = 0; i < scaled(400); ++i, ++t.inputs) {
+    json j = base;
+    mutateJson(j["files"], r);
+    std::ofstream(copy / "manifest.json", std::ios::trunc) << j.dump();
+    if (!survives([&] { lt::ckpt::Checkpoint c(copy.string()); }, "checkpoint open", j.dump(), &t.rejected)) return;
+  }
+}
+
+TEST(Fuzz, SafetensorsHeader) {
+  Tally t{"safetensors"};
+  auto p = fs::temp_directory_path() / "longtrain_fuzz" / "st.safetensors";
+  fs::create_directories(p.parent_path());
+  lt::ckpt::writeSafetensors(p.string(),
+                             {{"a", at::randn({3, 4})}, {"b", at::arange(6, at::kLong)}, {"c", at::zeros({0})},
+                              {"d", at::ones({5}).to(at::kBFloat16)}},
+                             {{"k", "v"}});
+  std::ifstream f(p, std::ios::binary);
+  const std::string img((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  uint64_t hlen = 0;
+  for (int i = 0; i < 8; ++i) hlen |= static_cast<uint64_t>(static_cast<uint8_t>(img[i])) << (8 * i);
+  const json header = json::parse(img.substr(8, hlen));
+  Rng r{3};
+  const int64_t n = scaled(30000);
+  for (int64_t i = 0; i < n; ++i, ++t.inputs) {
+    std::string in;
+    switch (i % 3) {
+      case 0: in = mutateBytes(img, r); break;
+      case 1: {  // header JSON mutated, length prefix kept consistent
+        json h = header;
+        mutateJson(h, r);
+        std::string hs = h.dump();
+        in.resize(8);
+        for (int k = 0; k < 8; ++k) in[k] = static_cast<char>(hs.size() >> (8 * k));
+        in += hs + img.substr(8 + hlen);
+        break;
+      }
+      default: {  // a lying length prefix
+        in = img;
+        uint64_t v = r.below(2) ? r.next() : hlen + r.below(64) - 32;
+        for (int k = 0; k < 8; ++k) in[k] = static_cast<char>(v >> (8 * k));
+      }
+    }
+    auto parse = [&] {
+      auto h = lt::ckpt::parseSafetensors(reinterpret_cast<const uint8_t*>(in.data()), in.size(), "input");
+      for (const auto& e : h.tensors)  // accepted: every tensor lies inside the input
+        ASSERT_LE(static_cast<uint64_t>(h.dataOffset + e.end), in.size());
+    };
+    if (!survives(parse, "safetensors", in, &t.rejected)) return;
+  }
+}
+
+TEST(Fuzz, TokenFileReader) {
+  Tally t{"token file"};
+  auto p = fs::temp_directory_path() / "longtrain_fuzz" / "tokens.bin";
+  fs::create_directories(p.parent_path());
+  Rng r{4};
+  const int64_t n = scaled(3000);
+  for (int64_t i = 0; i < n; ++i, ++t.inputs) {
+    const size_t bytes = r.below(4) == 0 ? r.below(8) : r.below(4096);
+    std::string content(bytes, '\0');
+    for (auto& c : content) c = static_cast<char>(r.below(4) == 0 ? r.next() : r.below(8));
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << content;
+    const int width = std::array<int, 3>{1, 2, 4}[r.below(3)];
+    const int64_t seq = static_cast<int64_t>(r.below(5) == 0 ? r.next() % 1000000 : r.below(64)) - 2;
+    const int64_t vocab = static_cast<int64_t>(r.below(300)) - 10;
+    auto read = [&] {
+      lt::data::TokenFileDataset ds(p.string(), width, seq, vocab);
+      for (int64_t k = 0; k < std::min<int64_t>(ds.size(), 4); ++k) {
+        auto s = ds.get(static_cast<int64_t>(r.below(static_cast<size_t>(ds.size()))));
+        ASSERT_EQ(static_cast<int64_t>(s.ids.size()), seq);
+        for (auto id : s.ids) ASSERT_TRUE(id >= 0 && (width == 1 ? id < 256 : id < vocab));
+      }
+    };
+    if (!survives(read, "token file", content.substr(0, 64), &t.rejected)) return;
+  }
+}
+
+}  // namespace
