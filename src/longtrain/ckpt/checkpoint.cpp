@@ -70,23 +70,6 @@ class Fields {
   std::string what_, path_;
 };
 
-uint32_t fileCrc(const std::string& path, int64_t bytes) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  LT_CHECK(fd >= 0, "cannot open '", path, "': ", std::strerror(errno));
-  uint32_t crc = 0;
-  if (bytes > 0) {
-    void* m = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_PRIVATE, fd, 0);
-    ::close(fd);
-    LT_CHECK(m != MAP_FAILED, "cannot map '", path, "': ", std::strerror(errno));
-    ::madvise(m, static_cast<size_t>(bytes), MADV_SEQUENTIAL);
-    crc = crc32c(m, static_cast<size_t>(bytes));
-    ::munmap(m, static_cast<size_t>(bytes));
-  } else {
-    ::close(fd);
-  }
-  return crc;
-}
-
 std::string hex32(uint32_t v) { return fmt::format("{:08x}", v); }
 
 // Checkpoint directories under root: (step, path, complete), by step.
@@ -343,10 +326,11 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     LT_CHECK(::stat(p.c_str(), &st) == 0, "checkpoint file '", p, "' is missing (the manifest lists it)");
     LT_CHECK(st.st_size == f.bytes, "checkpoint file '", p, "' has ", st.st_size, " bytes, the manifest says ", f.bytes,
              ": it is truncated or was replaced; refusing to load it");
-    uint32_t crc = fileCrc(p, f.bytes);
-    LT_CHECK(crc == f.crc32c, "checkpoint file '", p, "' is corrupt: its CRC-32C is ", hex32(crc),
-             ", the manifest says ", hex32(f.crc32c), "; refusing to load it (resume from an older checkpoint)");
-    files_.push_back(std::make_unique<SafetensorsFile>(p));
+    files_.push_back(std::make_unique<SafetensorsFile>(p, [&](const uint8_t* data, size_t size) {
+      uint32_t crc = crc32c(data, size);
+      LT_CHECK(crc == f.crc32c, "checkpoint file '", p, "' is corrupt: its CRC-32C is ", hex32(crc),
+               ", the manifest says ", hex32(f.crc32c), "; refusing to load it (resume from an older checkpoint)");
+    }));
   }
 }
 

@@ -199,7 +199,8 @@ SafetensorsHeader parseSafetensors(const uint8_t* data, size_t size, const std::
   return out;
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+SafetensorsFile::SafetensorsFile(const std::string& path, const std::function<void(const uint8_t*, size_t)>& verify)
+    : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   LT_CHECK(fd >= 0, "cannot open '", path, "': ", std::strerror(errno));
   struct stat st{};
@@ -209,7 +210,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ > 0) {
-    void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    // MAP_POPULATE reads the file in at once: faulting it in 4 KiB at a time cost ~3x here.
+    void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
     ::close(fd);
     LT_CHECK(m != MAP_FAILED, "cannot map '", path, "': ", std::strerror(errno));
     map_ = static_cast<const uint8_t*>(m);
@@ -217,6 +219,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     ::close(fd);
   }
   try {
+    if (verify) verify(map_, size_);
     header_ = parseSafetensors(map_, size_, "'" + path + "'");
   } catch (...) {
     if (map_) ::munmap(const_cast<uint8_t*>(map_), size_);

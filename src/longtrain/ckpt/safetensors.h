@@ -76,7 +76,10 @@ SafetensorsHeader parseSafetensors(const uint8_t* data, size_t size, const std::
 // A safetensors file mapped read-only.
 class SafetensorsFile {
  public:
-  explicit SafetensorsFile(const std::string& path);
+  // `verify`, if given, sees the whole file image before the header is parsed (the
+  // checkpoint reader checks its CRC there, so a corrupt file is reported as such).
+  explicit SafetensorsFile(const std::string& path,
+                           const std::function<void(const uint8_t* data, size_t size)>& verify = {});
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;

@@ -31,12 +31,17 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
   if (opts.restarted && !cfg.train.checkpoint.dir.empty())
     if (std::string latest = ckpt::findLatest(cfg.train.checkpoint.dir); !latest.empty()) from = latest;
   if (!from.empty()) {
+    auto t0 = std::chrono::steady_clock::now();
     ckpt::Checkpoint c(ckpt::resolve(from));
     ckpt::load(engine, c);
+    const double loadS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const auto& m = c.manifest();
     if (lead) {
-      std::printf("resume: from %s at step %lld (saved at world %d, sp %d, zero stage %d)\n", c.dir().c_str(),
-                  (long long)m.step, m.worldSize, m.spSize, m.zeroStage);
+      int64_t bytes = 0;
+      for (const auto& f : m.files) bytes += f.bytes;
+      std::printf("resume: from %s at step %lld (saved at world %d, sp %d, zero stage %d; %.1f MiB verified and "
+                  "loaded in %.3f s)\n",
+                  c.dir().c_str(), (long long)m.step, m.worldSize, m.spSize, m.zeroStage, bytes / 1048576.0, loadS);
       if (m.configHash != ckpt::configHash(cfg.source)) {
         std::string keys;
         for (const auto& op : nlohmann::json::diff(m.config, nlohmann::json::parse(cfg.source)))
