@@ -154,6 +154,10 @@ TEST(Cli, ResumeContinuesBitExactly) {
   ASSERT_EQ(full.code, 0) << full.out;
   EXPECT_TRUE(fs::exists(dir / "ckpt/step-00000004/manifest.json"));
   EXPECT_FALSE(fs::exists(dir / "ckpt/step-00000002"));  // keep_last 2: steps 4 and 6
+  // A fresh run into a directory that holds another run's checkpoints is refused.
+  auto again = sh(kBin + " train " + cfg.string() + " --nproc 2");
+  EXPECT_EQ(again.code, 1);
+  EXPECT_NE(again.out.find("already holds checkpoints"), std::string::npos) << again.out;
   auto res = sh(kBin + " train " + cfg.string() + " --nproc 2 --resume " + (dir / "ckpt/step-00000004").string() +
                 " --set train.checkpoint.dir=" + (dir / "ckpt2").string() + " --metrics " + (dir / "res.jsonl").string());
   ASSERT_EQ(res.code, 0) << res.out;

@@ -154,6 +154,7 @@ std::string manifestJson(const Manifest& m) {
                         {"zero_stage", m.zeroStage},
                         {"partitioned", m.partitioned}}},
             {"config_hash", m.configHash},
+            {"run_id", m.runId},
             {"config", m.config},
             {"params", params},
             {"files", files}};
@@ -191,6 +192,7 @@ Manifest parseManifest(const std::string& text, const std::string& what) {
   LT_CHECK(static_cast<int>(m.loaderCursors.size()) == m.worldSize, what, ": data.loader_cursors has ",
            m.loaderCursors.size(), " entries for world_size ", m.worldSize);
   m.configHash = top.str("config_hash");
+  m.runId = top.str("run_id");
   m.config = top.at("config");
   LT_CHECK(m.config.is_object(), what, ": field 'config' must be an object");
   for (const auto& p : top.array("params")) {
@@ -227,7 +229,8 @@ Manifest parseManifest(const std::string& text, const std::string& what) {
 }
 
 // ------------------------------------------------------------------------------ save
-std::string save(train::Engine& e, const std::string& root, int64_t keepLast, const StageHook& hook) {
+std::string save(train::Engine& e, const std::string& root, int64_t keepLast, const StageHook& hook,
+                 const std::string& runId) {
   auto& world = *e.groups().world;
   const int r = world.rank(), W = world.size();
   const int64_t step = e.globalStep();
@@ -279,6 +282,7 @@ std::string save(train::Engine& e, const std::string& root, int64_t keepLast, co
     m.zeroStage = cfg.zero.stage;
     m.partitioned = e.statePartitioned();
     m.configHash = configHash(cfg.source);
+    m.runId = runId;
     m.config = json::parse(cfg.source);
     for (const auto& p : meta) m.params.push_back({p.name, p.shape});
     auto* a = all.data_ptr<int64_t>();
@@ -297,10 +301,17 @@ std::string save(train::Engine& e, const std::string& root, int64_t keepLast, co
   return dir.string();
 }
 
-std::string findLatest(const std::string& root) {
+std::string findLatest(const std::string& root, const std::string& runId) {
   auto all = listCheckpoints(root);
-  for (auto it = all.rbegin(); it != all.rend(); ++it)
-    if (it->complete) return it->path.string();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (!it->complete) continue;
+    if (runId.empty()) return it->path.string();
+    std::ifstream in(it->path / kManifest);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("run_id", std::string()) == runId) return it->path.string();
+  }
   return "";
 }
 
@@ -319,7 +330,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   LT_CHECK(in.good(), "'", dir, "' is not a complete checkpoint: it has no ", kManifest);
   std::stringstream ss;
   ss << in.rdbuf();
-  m_ = parseManifest(ss.str(), "'" + mp.string() + "'");
+  m_ = parseManifest(ss.str(), fmt::format("'{}'", mp.string()));
   for (const auto& f : m_.files) {
     const std::string p = (fs::path(dir) / f.name).string();
     struct stat st{};

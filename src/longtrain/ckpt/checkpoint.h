@@ -56,6 +56,7 @@ struct Manifest {
   int worldSize = 1, spSize = 1, zeroStage = 0;
   bool partitioned = false;
   std::string configHash;        // FNV-1a 64 of the parsed config, hex
+  std::string runId;             // the launch that wrote it (LONGTRAIN_RUN_ID; "" outside the launcher)
   nlohmann::json config;         // the parsed config (after --set overrides)
   std::vector<ParamRecord> params;
   std::vector<FileRecord> files; // one per world rank, in rank order
@@ -79,10 +80,12 @@ using StageHook = std::function<void(const std::string& stage)>;
 // Saves the engine's state after its last step into <root>/step-N/ (collective over the
 // world). keepLast > 0 then deletes all but the newest keepLast complete checkpoints, and
 // any incomplete one older than this. Returns the checkpoint directory.
-std::string save(train::Engine& engine, const std::string& root, int64_t keepLast, const StageHook& hook = {});
+std::string save(train::Engine& engine, const std::string& root, int64_t keepLast, const StageHook& hook = {},
+                 const std::string& runId = "");
 
-// The newest complete checkpoint under `root` ("" if none).
-std::string findLatest(const std::string& root);
+// The newest complete checkpoint under `root` ("" if none); with runId, the newest one that
+// launch wrote (a restart must not pick up another run's checkpoints).
+std::string findLatest(const std::string& root, const std::string& runId = "");
 // `path` itself if it holds a manifest, else the newest complete checkpoint under it; an
 // error naming `path` if there is none.
 std::string resolve(const std::string& path);

@@ -91,6 +91,7 @@ int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
   // Fault injection (tests) fires on the first attempt only, so a restarted job can finish.
   const int attempt = envInt("LONGTRAIN_RESTART_ATTEMPT", 0);
   to.restarted = attempt > 0;
+  if (const char* id = std::getenv("LONGTRAIN_RUN_ID")) to.runId = id;
   if (attempt == 0) {
     to.faultKillRank = envInt("LONGTRAIN_FAULT_KILL_RANK", -1);
     to.faultKillStep = envInt("LONGTRAIN_FAULT_KILL_STEP", -1);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <random>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -116,6 +117,12 @@ int runOnce(const std::vector<std::string>& argv, const LaunchOptions& opts, int
 int launchLocal(const std::vector<std::string>& argv, const LaunchOptions& opts) {
   LT_CHECK(opts.nproc >= 1, "--nproc must be at least 1, got ", opts.nproc);
   LT_CHECK(opts.maxRestarts >= 0, "--max-restarts must be at least 0, got ", opts.maxRestarts);
+  if (!std::getenv("LONGTRAIN_RUN_ID")) {  // one id for every attempt of this launch
+    std::random_device rd;
+    char id[17];
+    std::snprintf(id, sizeof id, "%08x%08x", rd(), rd());
+    ::setenv("LONGTRAIN_RUN_ID", id, 1);
+  }
   for (int attempt = 0;; ++attempt) {
     if (runOnce(argv, opts, attempt) == 0) return 0;
     if (attempt >= opts.maxRestarts) {

@@ -5,8 +5,8 @@
 // is non-zero and its message names the first rank that failed. Children die with the
 // launcher (PR_SET_PDEATHSIG), so no orphan is left behind.
 // With maxRestarts = N (torchrun's --max-restarts), a failed job is started again, whole, up
-// to N times; children see LONGTRAIN_RESTART_ATTEMPT (0 first) and resume from the newest
-// complete checkpoint.
+// to N times; children see LONGTRAIN_RESTART_ATTEMPT (0 first) and LONGTRAIN_RUN_ID (one
+// random id per launch), and resume from the newest complete checkpoint of that launch.
 #pragma once
 #include <chrono>
 #include <string>

@@ -28,8 +28,16 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
   const bool lead = groups.world->rank() == 0;
   Engine engine(cfg, groups);
   std::string from = opts.resume;
-  if (opts.restarted && !cfg.train.checkpoint.dir.empty())
-    if (std::string latest = ckpt::findLatest(cfg.train.checkpoint.dir); !latest.empty()) from = latest;
+  const auto& ck = cfg.train.checkpoint;
+  if (opts.restarted && !ck.dir.empty())
+    if (std::string latest = ckpt::findLatest(ck.dir, opts.runId); !latest.empty()) from = latest;
+  if (from.empty() && !opts.restarted && ck.everySteps > 0) {
+    // A fresh run must not mix its checkpoints with another run's (pruning and restarts
+    // go by step number).
+    std::string old = ckpt::findLatest(ck.dir);
+    LT_CHECK(old.empty(), "train.checkpoint.dir='", ck.dir, "' already holds checkpoints (newest: ", old,
+             "); continue that run with --resume, or set another train.checkpoint.dir");
+  }
   if (!from.empty()) {
     auto t0 = std::chrono::steady_clock::now();
     ckpt::Checkpoint c(ckpt::resolve(from));
@@ -78,14 +86,13 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
   TrainSummary sum;
   double elapsed = 0, tokensSeen = 0;
   sum.firstStep = engine.globalStep();
-  const auto& ck = cfg.train.checkpoint;
   for (int64_t s = engine.globalStep(); s < cfg.train.steps; ++s) {
     if (opts.faultKillRank == groups.world->rank() && opts.faultKillStep == s) ::raise(SIGKILL);
     StepMetrics m = engine.step();
     double ckptS = -1;
     if (ck.everySteps > 0 && (m.step % ck.everySteps == 0 || m.step == cfg.train.steps)) {
       auto t0 = std::chrono::steady_clock::now();
-      std::string dir = ckpt::save(engine, ck.dir, ck.keepLast, opts.checkpointHook);
+      std::string dir = ckpt::save(engine, ck.dir, ck.keepLast, opts.checkpointHook, opts.runId);
       ckptS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       sum.checkpointSeconds += ckptS;
       if (lead) std::printf("checkpoint: step %lld -> %s (%.2f s)\n", (long long)m.step, dir.c_str(), ckptS);

@@ -19,6 +19,7 @@ struct TrainOptions {
   // A restarted job (launcher --max-restarts): resume from the newest complete checkpoint
   // under train.checkpoint.dir if there is one (it wins over `resume`), else as configured.
   bool restarted = false;
+  std::string runId;  // the launch (LONGTRAIN_RUN_ID): recorded in manifests, matched on restart
   // Called at each stage of every checkpoint save (ckpt::StageHook; fault injection).
   std::function<void(const std::string&)> checkpointHook;
 };
