@@ -14,6 +14,8 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <thread>
+#include <utility>
 
 #include "longtrain/ckpt/safetensors.h"
 #include "longtrain/core/check.h"
@@ -229,55 +231,68 @@ Manifest parseManifest(const std::string& text, const std::string& what) {
 }
 
 // ------------------------------------------------------------------------------ save
-std::string save(train::Engine& e, const std::string& root, int64_t keepLast, const StageHook& hook,
-                 const std::string& runId) {
+namespace {
+
+// What one rank writes for one checkpoint, taken on the training thread at a step boundary.
+struct Snapshot {
+  fs::path root, dir;
+  int rank = 0, world = 1;
+  int64_t step = 0, keepLast = 0, cursor = 0;
+  std::chrono::milliseconds timeout{60000};
+  std::vector<NamedTensor> tensors;
+  Manifest manifest;  // rank 0: all but the files and the loader cursors
+};
+
+std::string doneName(int rank) { return fmt::format("rank-{:05d}.done", rank); }
+
+// Collective (one barrier): rank 0 prepares the directory. With `copy`, the state is copied
+// (the engine may train on while it is written); else the tensors alias the live state.
+Snapshot takeSnapshot(train::Engine& e, const std::string& root, int64_t keepLast, const std::string& runId,
+                      bool copy) {
   auto& world = *e.groups().world;
-  const int r = world.rank(), W = world.size();
-  const int64_t step = e.globalStep();
-  const fs::path dir = fs::path(root) / checkpointDirName(step);
-  if (r == 0) {
-    fs::create_directories(dir);
-    if (fs::exists(dir / kManifest)) {  // re-saving a step (after a restart): incomplete first
-      fs::remove(dir / kManifest);
-      fsyncDirectory(dir.string());
+  Snapshot s;
+  s.root = root;
+  s.rank = world.rank();
+  s.world = world.size();
+  s.step = e.globalStep();
+  s.keepLast = keepLast;
+  s.cursor = e.loaderCursor();
+  s.timeout = std::chrono::milliseconds(static_cast<int64_t>(e.config().train.commTimeoutS * 1000));
+  s.dir = s.root / checkpointDirName(s.step);
+  if (s.rank == 0) {
+    if (fs::exists(s.dir)) {  // re-saving a step (after a restart): the old one goes, manifest first
+      fs::remove(s.dir / kManifest);
+      fsyncDirectory(s.dir.string());
+      fs::remove_all(s.dir);
     }
+    fs::create_directories(s.dir);
     fsyncDirectory(root);
   }
   world.barrier();
 
   const auto meta = e.parameterMeta();
-  std::vector<NamedTensor> ts;
-  if (e.statePartitioned() || r == 0)
-    for (const auto& s : e.stateShards()) {
-      const std::string& n = meta[s.param].name;
-      ts.push_back({n, s.master});
-      ts.push_back({n + ".exp_avg", s.expAvg});
-      ts.push_back({n + ".exp_avg_sq", s.expAvgSq});
+  auto keep = [&](const at::Tensor& t) { return copy ? t.clone() : t; };
+  if (e.statePartitioned() || s.rank == 0)
+    for (const auto& sh : e.stateShards()) {
+      const std::string& n = meta[sh.param].name;
+      s.tensors.push_back({n, keep(sh.master)});
+      s.tensors.push_back({n + ".exp_avg", keep(sh.expAvg)});
+      s.tensors.push_back({n + ".exp_avg_sq", keep(sh.expAvgSq)});
     }
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    ts.push_back({"rng.cpu", gen.get_state()});
+    s.tensors.push_back({"rng.cpu", gen.get_state()});
   }
-  const std::string fileName = rankFileName(r, W);
-  FileDigest d = writeSafetensors((dir / fileName).string(), ts,
-                                  {{"longtrain.rank", std::to_string(r)}, {"longtrain.step", std::to_string(step)}},
-                                  [&] { if (hook) hook("rank_file_fsynced"); });
-
-  auto mine = at::tensor({d.bytes, static_cast<int64_t>(d.crc32c), e.loaderCursor()}, at::kLong);
-  auto all = at::empty({3 * W}, at::kLong);
-  world.allGather(all, mine).wait();
-  if (hook) hook("rank_files_renamed");
-
-  if (r == 0) {
+  if (s.rank == 0) {
     const auto& cfg = e.config();
-    Manifest m;
-    m.step = step;
+    Manifest& m = s.manifest;
+    m.step = s.step;
     m.adamStep = e.adamStepCount();
     m.skippedSteps = e.skippedSteps();
     m.trainBatchSize = cfg.trainBatchSize;
-    m.samplesConsumed = step * cfg.trainBatchSize;
-    m.worldSize = W;
+    m.samplesConsumed = s.step * cfg.trainBatchSize;
+    m.worldSize = s.world;
     m.spSize = cfg.sequenceParallelSize;
     m.zeroStage = cfg.zero.stage;
     m.partitioned = e.statePartitioned();
@@ -285,20 +300,88 @@ std::string save(train::Engine& e, const std::string& root, int64_t keepLast, co
     m.runId = runId;
     m.config = json::parse(cfg.source);
     for (const auto& p : meta) m.params.push_back({p.name, p.shape});
-    auto* a = all.data_ptr<int64_t>();
-    for (int q = 0; q < W; ++q) {
-      m.files.push_back({rankFileName(q, W), a[3 * q], static_cast<uint32_t>(a[3 * q + 1])});
-      m.loaderCursors.push_back(a[3 * q + 2]);
-    }
-    const std::string text = manifestJson(m);
-    AtomicFile f((dir / kManifest).string());
-    f.write(text.data(), text.size());
-    f.commit([&] { if (hook) hook("manifest_fsynced"); });
-    if (hook) hook("committed");
-    prune(root, keepLast, step, hook);
   }
-  world.barrier();
-  return dir.string();
+  return s;
+}
+
+// Writes this rank's file and its digest (`rank-R.done`: bytes, CRC, loader cursor). Rank 0
+// then waits for every rank's digest, writes the manifest and prunes. No collectives, so it
+// can run on a background thread while training goes on; the ranks share the directory.
+void writeSnapshot(const Snapshot& s, const StageHook& hook) {
+  FileDigest d = writeSafetensors((s.dir / rankFileName(s.rank, s.world)).string(), s.tensors,
+                                  {{"longtrain.rank", std::to_string(s.rank)}, {"longtrain.step", std::to_string(s.step)}},
+                                  [&] { if (hook) hook("rank_file_fsynced"); });
+  if (hook) hook("rank_file_renamed");
+  {
+    const std::string t = fmt::format("{} {} {}\n", d.bytes, d.crc32c, s.cursor);
+    AtomicFile f((s.dir / doneName(s.rank)).string());
+    f.write(t.data(), t.size());
+    f.commit();
+  }
+  if (s.rank != 0) return;
+
+  Manifest m = s.manifest;
+  const auto deadline = std::chrono::steady_clock::now() + s.timeout;
+  for (int q = 0; q < s.world; ++q) {
+    const fs::path done = s.dir / doneName(q);
+    while (!fs::exists(done)) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::string missing;
+        for (int k = q; k < s.world; ++k)
+          if (!fs::exists(s.dir / doneName(k))) missing += fmt::format(" {}", k);
+        LT_CHECK(false, "checkpoint ", s.dir.string(), ": rank(s)", missing, " did not finish writing within ",
+                 s.timeout.count() / 1000.0, " s (train.comm_timeout_s); the checkpoint stays incomplete");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::ifstream in(done);
+    int64_t bytes = -1, cursor = -1;
+    uint64_t crc = 0;
+    in >> bytes >> crc >> cursor;
+    LT_CHECK(in && bytes >= 0 && cursor >= 0, "checkpoint ", s.dir.string(), ": unreadable ", done.string());
+    m.files.push_back({rankFileName(q, s.world), bytes, static_cast<uint32_t>(crc)});
+    m.loaderCursors.push_back(cursor);
+  }
+  const std::string text = manifestJson(m);
+  AtomicFile f((s.dir / kManifest).string());
+  f.write(text.data(), text.size());
+  f.commit([&] { if (hook) hook("manifest_fsynced"); });
+  if (hook) hook("committed");
+  for (int q = 0; q < s.world; ++q) fs::remove(s.dir / doneName(q));
+  prune(s.root, s.keepLast, s.step, hook);
+}
+
+}  // namespace
+
+std::string save(train::Engine& e, const std::string& root, int64_t keepLast, const StageHook& hook,
+                 const std::string& runId) {
+  Snapshot s = takeSnapshot(e, root, keepLast, runId, /*copy=*/false);
+  writeSnapshot(s, hook);
+  e.groups().world->barrier();  // on return, the checkpoint is complete on every rank
+  return s.dir.string();
+}
+
+AsyncSaver::~AsyncSaver() {
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string AsyncSaver::save(train::Engine& e, const std::string& root, int64_t keepLast, const StageHook& hook,
+                             const std::string& runId) {
+  wait();
+  auto s = std::make_shared<Snapshot>(takeSnapshot(e, root, keepLast, runId, /*copy=*/true));
+  thread_ = std::thread([this, s, hook] {
+    try {
+      writeSnapshot(*s, hook);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  });
+  return s->dir.string();
+}
+
+void AsyncSaver::wait() {
+  if (thread_.joinable()) thread_.join();
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
 std::string findLatest(const std::string& root, const std::string& runId) {

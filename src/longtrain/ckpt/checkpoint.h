@@ -19,9 +19,11 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -72,16 +74,38 @@ std::string rankFileName(int rank, int world);
 
 // Test and fault-injection hook: called on the saving rank at each stage of a save, by name:
 // "rank_file_fsynced" (temporary rank file written and fsynced, not renamed yet),
-// "rank_files_renamed", "manifest_fsynced" (rank 0, not renamed yet), "committed" (rank 0,
+// "rank_file_renamed", "manifest_fsynced" (rank 0, not renamed yet), "committed" (rank 0,
 // manifest in place, before pruning), "pruning" (rank 0, an old checkpoint's manifest
 // deleted, its files not yet). Throwing from it abandons the save as a crash would.
 using StageHook = std::function<void(const std::string& stage)>;
 
 // Saves the engine's state after its last step into <root>/step-N/ (collective over the
-// world). keepLast > 0 then deletes all but the newest keepLast complete checkpoints, and
+// world; the ranks exchange their files' digests through `rank-R.done` files in the
+// directory, so it must be shared, as for loading). keepLast > 0 then deletes all but the newest keepLast complete checkpoints, and
 // any incomplete one older than this. Returns the checkpoint directory.
 std::string save(train::Engine& engine, const std::string& root, int64_t keepLast, const StageHook& hook = {},
                  const std::string& runId = "");
+
+// save() with the writing taken off the training thread: the state is copied at the step
+// boundary (host memory: one more copy of this rank's state while it is written), then a
+// background thread writes the files and (rank 0) the manifest while training goes on. One
+// save is in flight at a time: the next save() waits for the previous one, and wait() (call
+// it before exiting) waits and rethrows its error. A checkpoint is complete, as always, once
+// its manifest exists.
+class AsyncSaver {
+ public:
+  AsyncSaver() = default;
+  ~AsyncSaver();  // joins (errors are dropped: call wait() to see them)
+  AsyncSaver(const AsyncSaver&) = delete;
+  AsyncSaver& operator=(const AsyncSaver&) = delete;
+  std::string save(train::Engine& engine, const std::string& root, int64_t keepLast, const StageHook& hook = {},
+                   const std::string& runId = "");
+  void wait();
+
+ private:
+  std::thread thread_;
+  std::exception_ptr error_;
+};
 
 // The newest complete checkpoint under `root` ("" if none); with runId, the newest one that
 // launch wrote (a restart must not pick up another run's checkpoints).

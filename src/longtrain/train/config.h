@@ -62,6 +62,7 @@ struct CheckpointConfig {
   std::string dir;         // root directory; checkpoints are <dir>/step-NNNNNNNN/
   int64_t everySteps = 0;  // 0: never (except on request)
   int64_t keepLast = 0;    // complete checkpoints kept; 0: all
+  bool async = false;      // copy the state, write it on a background thread (ckpt::AsyncSaver)
 };
 
 struct TrainSection {

@@ -86,16 +86,20 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
   TrainSummary sum;
   double elapsed = 0, tokensSeen = 0;
   sum.firstStep = engine.globalStep();
+  ckpt::AsyncSaver saver;  // train.checkpoint.async
   for (int64_t s = engine.globalStep(); s < cfg.train.steps; ++s) {
     if (opts.faultKillRank == groups.world->rank() && opts.faultKillStep == s) ::raise(SIGKILL);
     StepMetrics m = engine.step();
     double ckptS = -1;
     if (ck.everySteps > 0 && (m.step % ck.everySteps == 0 || m.step == cfg.train.steps)) {
       auto t0 = std::chrono::steady_clock::now();
-      std::string dir = ckpt::save(engine, ck.dir, ck.keepLast, opts.checkpointHook, opts.runId);
+      std::string dir = ck.async ? saver.save(engine, ck.dir, ck.keepLast, opts.checkpointHook, opts.runId)
+                                 : ckpt::save(engine, ck.dir, ck.keepLast, opts.checkpointHook, opts.runId);
       ckptS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       sum.checkpointSeconds += ckptS;
-      if (lead) std::printf("checkpoint: step %lld -> %s (%.2f s)\n", (long long)m.step, dir.c_str(), ckptS);
+      if (lead)
+        std::printf("checkpoint: step %lld -> %s (%s %.2f s)\n", (long long)m.step, dir.c_str(),
+                    ck.async ? "copied in, writing in the background;" : "written in", ckptS);
     }
     // The first step pays one-time costs (allocation, thread pools): left out of throughput.
     if (s > sum.firstStep || cfg.train.steps == sum.firstStep + 1) {
@@ -156,6 +160,11 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
       sum.evalAccuracy = e.accuracy;
     }
     sum.tokensPerS = tps;
+  }
+  if (ck.async) {
+    auto t0 = std::chrono::steady_clock::now();
+    saver.wait();  // the last checkpoint is complete before the run reports done
+    sum.checkpointSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   return sum;
 }
