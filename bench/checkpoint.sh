@@ -21,6 +21,9 @@ drop() { sync; (echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null && echo cold || e
 $BIN train $CFG "${SETS[@]}" --set train.steps=$STEPS --metrics "$DIR/none.jsonl" >/dev/null
 $BIN train $CFG "${SETS[@]}" --set train.steps=$STEPS --set train.checkpoint.dir="\"$DIR/ck\"" \
   --set train.checkpoint.every_steps=$EVERY --set train.checkpoint.keep_last=1 --metrics "$DIR/ck.jsonl" >/dev/null
+$BIN train $CFG "${SETS[@]}" --set train.steps=$STEPS --set train.checkpoint.dir="\"$DIR/ac\"" \
+  --set train.checkpoint.every_steps=$EVERY --set train.checkpoint.keep_last=1 --set train.checkpoint.async=true \
+  --metrics "$DIR/ac.jsonl" >/dev/null
 CK=$(ls -d "$DIR"/ck/step-* | tail -1)
 BYTES=$(du -sb "$CK" | cut -f1)
 
@@ -53,7 +56,12 @@ print(f"checkpoint: {nbytes/2**20:.0f} MiB ({nbytes/12/1e6:.0f}M params x 12 B),
 print(f"write  {nbytes/w/G:6.2f} GB/s  ({w:.2f} s a save, fsync included) | dd write+fsync {ddrate(ddw):.2f} GB/s")
 print(f"read   {nbytes/tc/G:6.2f} GB/s  {state:6s} ({tc:.2f} s: CRC of every file + load) | dd read {ddrate(ddr):.2f} GB/s {state}")
 print(f"read   {nbytes/tw/G:6.2f} GB/s  cached ({tw:.2f} s)")
-s0, s1 = step(none), sum(r["step_time_s"] for r in ck[1:]) / (len(ck) - 1)
-print(f"step   {s0:.3f} s without checkpoints; every {every} steps a save costs {w:.2f} s = "
-      f"{w/(int(every)*s0)*100:.1f}% of {every} steps (measured mean step incl. nothing else: {s1:.3f} s)")
+ac = load(f"{d}/ac.jsonl")
+s0 = step(none)
+stall = sum(r["checkpoint_s"] for r in ac if "checkpoint_s" in r) / len(saves)
+sa = step(ac)
+print(f"step   {s0:.3f} s without checkpoints (mean of steps 2..)")
+print(f"sync   a save stalls training {w:.2f} s = {w/(int(every)*s0)*100:.1f}% of {every} steps")
+print(f"async  a save stalls training {stall:.2f} s (copy) = {stall/(int(every)*s0)*100:.1f}% of {every} steps; "
+      f"mean step while writing in the background {sa:.3f} s ({(sa/s0-1)*100:+.1f}%)")
 PY

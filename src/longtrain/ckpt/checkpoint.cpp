@@ -5,6 +5,8 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -307,7 +309,7 @@ Snapshot takeSnapshot(train::Engine& e, const std::string& root, int64_t keepLas
 // Writes this rank's file and its digest (`rank-R.done`: bytes, CRC, loader cursor). Rank 0
 // then waits for every rank's digest, writes the manifest and prunes. No collectives, so it
 // can run on a background thread while training goes on; the ranks share the directory.
-void writeSnapshot(const Snapshot& s, const StageHook& hook) {
+void writeSnapshot(const Snapshot& s, const StageHook& hook, const std::atomic<bool>* cancel = nullptr) {
   FileDigest d = writeSafetensors((s.dir / rankFileName(s.rank, s.world)).string(), s.tensors,
                                   {{"longtrain.rank", std::to_string(s.rank)}, {"longtrain.step", std::to_string(s.step)}},
                                   [&] { if (hook) hook("rank_file_fsynced"); });
@@ -325,6 +327,7 @@ void writeSnapshot(const Snapshot& s, const StageHook& hook) {
   for (int q = 0; q < s.world; ++q) {
     const fs::path done = s.dir / doneName(q);
     while (!fs::exists(done)) {
+      LT_CHECK(!cancel || !*cancel, "checkpoint ", s.dir.string(), ": abandoned (the run is ending on an error)");
       if (std::chrono::steady_clock::now() > deadline) {
         std::string missing;
         for (int k = q; k < s.world; ++k)
@@ -362,6 +365,7 @@ std::string save(train::Engine& e, const std::string& root, int64_t keepLast, co
 }
 
 AsyncSaver::~AsyncSaver() {
+  cancel_ = true;  // a save still waiting for other ranks' files gives up (they may be dead)
   if (thread_.joinable()) thread_.join();
 }
 
@@ -370,8 +374,11 @@ std::string AsyncSaver::save(train::Engine& e, const std::string& root, int64_t 
   wait();
   auto s = std::make_shared<Snapshot>(takeSnapshot(e, root, keepLast, runId, /*copy=*/true));
   thread_ = std::thread([this, s, hook] {
+    // Below the trainer's threads: on a machine without a spare core the write should
+    // take the idle time, not steal compute (Linux: nice is per thread).
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
     try {
-      writeSnapshot(*s, hook);
+      writeSnapshot(*s, hook, &cancel_);
     } catch (...) {
       error_ = std::current_exception();
     }

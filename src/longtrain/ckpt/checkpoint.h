@@ -18,6 +18,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -95,7 +96,9 @@ std::string save(train::Engine& engine, const std::string& root, int64_t keepLas
 class AsyncSaver {
  public:
   AsyncSaver() = default;
-  ~AsyncSaver();  // joins (errors are dropped: call wait() to see them)
+  // Joins; a save still waiting for other ranks' digests is abandoned (incomplete, like a
+  // crash), so a run failing on an error does not wait out the timeout twice.
+  ~AsyncSaver();
   AsyncSaver(const AsyncSaver&) = delete;
   AsyncSaver& operator=(const AsyncSaver&) = delete;
   std::string save(train::Engine& engine, const std::string& root, int64_t keepLast, const StageHook& hook = {},
@@ -105,6 +108,7 @@ class AsyncSaver {
  private:
   std::thread thread_;
   std::exception_ptr error_;
+  std::atomic<bool> cancel_{false};
 };
 
 // The newest complete checkpoint under `root` ("" if none); with runId, the newest one that

@@ -53,7 +53,7 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
       if (m.configHash != ckpt::configHash(cfg.source)) {
         std::string keys;
         for (const auto& op : nlohmann::json::diff(m.config, nlohmann::json::parse(cfg.source)))
-          keys += " " + op["path"].get<std::string>();
+          keys += fmt::format(" {}", op["path"].get<std::string>());
         std::printf("resume: the config differs from the checkpoint's at:%s\n", keys.c_str());
       }
     }
