@@ -309,7 +309,10 @@ Snapshot takeSnapshot(train::Engine& e, const std::string& root, int64_t keepLas
 // Writes this rank's file and its digest (`rank-R.done`: bytes, CRC, loader cursor). Rank 0
 // then waits for every rank's digest, writes the manifest and prunes. No collectives, so it
 // can run on a background thread while training goes on; the ranks share the directory.
-void writeSnapshot(const Snapshot& s, const StageHook& hook, const std::atomic<bool>* cancel = nullptr) {
+// `diagnose` (synchronous saves: the training thread may use the heartbeat) explains a
+// timeout, e.g. "lost rank(s): 1".
+void writeSnapshot(const Snapshot& s, const StageHook& hook, const std::atomic<bool>* cancel = nullptr,
+                   const std::function<std::string()>& diagnose = {}) {
   FileDigest d = writeSafetensors((s.dir / rankFileName(s.rank, s.world)).string(), s.tensors,
                                   {{"longtrain.rank", std::to_string(s.rank)}, {"longtrain.step", std::to_string(s.step)}},
                                   [&] { if (hook) hook("rank_file_fsynced"); });
@@ -333,7 +336,8 @@ void writeSnapshot(const Snapshot& s, const StageHook& hook, const std::atomic<b
         for (int k = q; k < s.world; ++k)
           if (!fs::exists(s.dir / doneName(k))) missing += fmt::format(" {}", k);
         LT_CHECK(false, "checkpoint ", s.dir.string(), ": rank(s)", missing, " did not finish writing within ",
-                 s.timeout.count() / 1000.0, " s (train.comm_timeout_s); the checkpoint stays incomplete");
+                 s.timeout.count() / 1000.0, " s (train.comm_timeout_s); the checkpoint stays incomplete",
+                 diagnose ? "; " + diagnose() : std::string());
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -359,7 +363,8 @@ void writeSnapshot(const Snapshot& s, const StageHook& hook, const std::atomic<b
 std::string save(train::Engine& e, const std::string& root, int64_t keepLast, const StageHook& hook,
                  const std::string& runId) {
   Snapshot s = takeSnapshot(e, root, keepLast, runId, /*copy=*/false);
-  writeSnapshot(s, hook);
+  auto world = e.groups().world;
+  writeSnapshot(s, hook, nullptr, [&] { return world->diagnoseFailure(); });
   e.groups().world->barrier();  // on return, the checkpoint is complete on every rank
   return s.dir.string();
 }
