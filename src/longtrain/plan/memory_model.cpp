@@ -32,8 +32,9 @@ constexpr double kBaselineBytes = 168.5 * kMiB;
 // set of small blocks of any phase (often another phase: the loss's logits against the
 // heap left by attention's backward) and keeps a share more (fragmentation: the heap's
 // holes). That share was fitted on bench/plan_accuracy.sh's configs (README, "plan
-// accuracy"); with a fixed 1 MiB mmap threshold (MALLOC_MMAP_THRESHOLD_, no retention) the
-// live bytes alone came within 1-5% of the measured peak.
+// accuracy"); with a fixed 1 MiB mmap threshold (MALLOC_MMAP_THRESHOLD_, little retention)
+// the live bytes alone came within 1% and 5% of the measured peak on two of them. (That
+// setting is not the default: it made chunked attention's steps 3x slower here.)
 constexpr double kMmapCeiling = 32 * kMiB;
 constexpr double kHeapFragmentation = 0.8;
 
@@ -243,10 +244,15 @@ Prediction evaluate(const train::Config& c, int world) {
     phases.push_back(p);
   }
   if (z3) {
-    Phase p;  // end of backward: the last bucket completes; its send buffer is as large
+    // A bucket completes (Zero3::onBucket): its full gradients, the [W, partition] send
+    // buffer, one padded gradient, and (W > 1) the all-to-all's receive buffer
+    // (Comm::reduceScatter). Reduce-scatters still in flight when compute is short are not
+    // counted.
+    Phase p;
     p.params = params;
     p.grads = grads;
-    p.transient.add(2, sgFull * kF);
+    p.transient.add(d.W > 1 ? 3 : 2, sgFull * kF);
+    p.transient.add(1, d.maxParam * kF);
     p.optim = optim;
     p.acts.add(1, batch);
     p.name = "ZeRO-3 gradient reduce-scatter";
