@@ -105,6 +105,29 @@ TEST(Plan, MaxSeqIsMonotoneInBudgetAndTight) {
   EXPECT_EQ(lt::plan::maxSeqLen(c, 2, int64_t{64} << 20), 0);
 }
 
+TEST(Plan, AblationLadderAddsOneOptionPerRung) {
+  auto c = parse(planConfig(), 1, {"model.num_heads=2", "model.num_kv_heads=2"});
+  auto ladder = lt::plan::ablationLadder(c);
+  ASSERT_EQ(ladder.size(), 7u);
+  EXPECT_EQ(ladder[0].cfg.model.attentionChunk, 0);
+  EXPECT_EQ(ladder[0].cfg.model.lossChunk, 0);
+  EXPECT_GT(ladder[1].cfg.model.lossChunk, 0);
+  EXPECT_GT(ladder[2].cfg.model.attentionChunk, 0);
+  EXPECT_TRUE(ladder[3].cfg.model.tiledMlp);
+  EXPECT_EQ(ladder[4].world, 2);
+  EXPECT_TRUE(ladder[4].skipped.empty());
+  EXPECT_NE(ladder[5].skipped.find("num_heads=2"), std::string::npos);  // 2 heads do not split over 4 ranks
+  EXPECT_EQ(ladder[6].cfg.zero.stage, 3);
+  EXPECT_TRUE(ladder[6].cfg.zero.offloadOptimizer.superOffload);
+  // Each rung fits at least as long a sequence as the one before, at the same budget.
+  int64_t prev = 0;
+  for (int i = 0; i < 5; ++i) {
+    const int64_t s = lt::plan::maxSeqLen(ladder[i].cfg, ladder[i].world, int64_t{400} << 20);
+    EXPECT_GE(s, prev) << ladder[i].name;
+    prev = s;
+  }
+}
+
 TEST(Plan, ParseBytes) {
   using lt::plan::parseBytes;
   EXPECT_EQ(parseBytes("4GiB"), int64_t{4} << 30);
