@@ -1,5 +1,6 @@
 // The `longtrain` command. `train` validates the config once, then either launches N local
 // ranks (--nproc) or, inside a rank (torchrun-style environment), rendezvouses and trains.
+// `plan` predicts each rank's peak memory (plan/memory_model.h) and runs nothing.
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -17,6 +18,7 @@
 #include "longtrain/comm/comm.h"
 #include "longtrain/comm/launch.h"
 #include "longtrain/core/check.h"
+#include "longtrain/plan/memory_model.h"
 #include "longtrain/train/config.h"
 #include "longtrain/train/trainer.h"
 
@@ -25,6 +27,78 @@ namespace {
 int envInt(const char* k, int def) {
   const char* v = std::getenv(k);
   return v && *v ? std::atoi(v) : def;
+}
+
+// --nproc wins; else the config's train.nproc (validated later by parseConfig).
+int nprocOf(const nlohmann::json& j, int nprocFlag) {
+  if (nprocFlag > 0) return nprocFlag;
+  if (j.contains("train") && j["train"].is_object() && j["train"].contains("nproc") &&
+      j["train"]["nproc"].is_number_integer())
+    return std::max(1, j["train"]["nproc"].get<int>());
+  return 1;
+}
+
+double mib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
+
+void printBreakdown(const lt::plan::MemoryBreakdown& m) {
+  std::printf("per-rank peak (MiB), at %s:\n", m.phase.c_str());
+  const std::pair<const char*, int64_t> rows[] = {
+      {"baseline (process)", m.baseline}, {"parameters", m.parameters}, {"gradients", m.gradients},
+      {"optimizer states", m.optimizer},  {"kept activations", m.activations}, {"transient", m.transient},
+      {"allocator retained", m.retained}};
+  for (const auto& [name, b] : rows) std::printf("  %-20s %10.1f\n", name, mib(b));
+  std::printf("  %-20s %10.1f\n", "total", mib(m.total()));
+}
+
+int cmdPlan(const std::string& configPath, int nprocFlag, const std::vector<std::string>& sets,
+            const std::string& maxSeq) {
+  nlohmann::json j = lt::train::loadConfigJson(configPath, sets);
+  const int world = nprocOf(j, nprocFlag);
+  lt::train::Config cfg = lt::train::parseConfig(j, world);
+  const int64_t budget = maxSeq.empty() ? 0 : lt::plan::parseBytes(maxSeq);
+  const auto& m = cfg.model;
+  std::printf("plan: %.2fM params (%lld layers, hidden %lld, %lld heads, vocab %lld), micro batch %lld, "
+              "world %d, sp %d, zero stage %d%s\n",
+              m.numParams() / 1e6, (long long)m.layers, (long long)m.hidden, (long long)m.heads,
+              (long long)m.vocabSize, (long long)cfg.microBatch, world, cfg.sequenceParallelSize, cfg.zero.stage,
+              cfg.zero.offloadOptimizer.superOffload ? " + super_offload" : "");
+  std::printf("      attention_chunk %lld, loss_chunk %lld, tiled_mlp %s\n", (long long)m.attentionChunk,
+              (long long)m.lossChunk, m.tiledMlp ? "true" : "false");
+  if (maxSeq.empty()) {
+    std::printf("seq_len %lld\n", (long long)cfg.data.seqLen);
+    printBreakdown(lt::plan::predictPeak(cfg, world));
+    return 0;
+  }
+  auto longest = [&](const lt::train::Config& c, int w, std::string* peak) {
+    const int64_t s = lt::plan::maxSeqLen(c, w, budget);
+    if (s > 0) {
+      lt::train::Config at = c;
+      at.data.seqLen = s;
+      *peak = std::to_string(static_cast<int64_t>(mib(lt::plan::predictPeak(at, w).total())));
+    } else {
+      *peak = "-";
+    }
+    return s;
+  };
+  std::printf("budget %.1f MiB per rank\n", mib(budget));
+  std::string peak;
+  const int64_t s = longest(cfg, world, &peak);
+  if (s > 0) std::printf("this config: longest seq_len %lld (predicted peak %s MiB)\n", (long long)s, peak.c_str());
+  else std::printf("this config: nothing fits (the shortest seq_len %lld does not)\n",
+                   (long long)lt::plan::minSeqLen(cfg));
+  std::printf("ablation ladder:\n  %-28s %5s %9s %9s  %s\n", "rung", "ranks", "seq_len", "peak_MiB",
+              "options (--nproc ranks --set ...)");
+  for (const auto& r : lt::plan::ablationLadder(cfg)) {
+    std::string opts;
+    for (const auto& o : r.sets) opts += (opts.empty() ? "" : " ") + o;
+    if (!r.skipped.empty()) {
+      std::printf("  %-28s %5d %9s %9s  skipped: %s\n", r.name.c_str(), r.world, "-", "-", r.skipped.c_str());
+      continue;
+    }
+    const int64_t rs = longest(r.cfg, r.world, &peak);
+    std::printf("  %-28s %5d %9lld %9s  %s\n", r.name.c_str(), r.world, (long long)rs, peak.c_str(), opts.c_str());
+  }
+  return 0;
 }
 
 struct TrainFlags {
@@ -41,14 +115,7 @@ int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
   const auto& sets = fl.sets;
   const bool inRank = std::getenv("WORLD_SIZE") != nullptr;
   nlohmann::json j = lt::train::loadConfigJson(configPath, sets);
-  // --nproc wins; else the config's train.nproc (validated by parseConfig below).
-  int nproc = nprocFlag;
-  if (nproc <= 0) {
-    nproc = 1;
-    if (j.contains("train") && j["train"].is_object() && j["train"].contains("nproc") &&
-        j["train"]["nproc"].is_number_integer())
-      nproc = std::max(1, j["train"]["nproc"].get<int>());
-  }
+  const int nproc = nprocOf(j, nprocFlag);
   const int world = inRank ? envInt("WORLD_SIZE", 1) : nproc;
   // Validate before launching, so a config error is reported once, not once per rank.
   lt::train::Config cfg = lt::train::parseConfig(j, world);
@@ -151,6 +218,17 @@ int main(int argc, char** argv) {
   std::string ckptPath, outPath;
   exp->add_option("CKPT", ckptPath, "a checkpoint directory, or a root (its newest complete checkpoint)")->required();
   exp->add_option("--out", outPath, "the safetensors file to write")->required();
+  auto* plan = app.add_subcommand("plan", "predict each rank's peak memory for a config, or (--max-seq) the "
+                                          "longest seq_len within a per-rank budget; runs nothing");
+  std::string planConfig, maxSeq;
+  int planNproc = 0;
+  std::vector<std::string> planSets;
+  plan->add_option("CONFIG", planConfig, "path of the JSON config")->required();
+  plan->add_option("--nproc", planNproc, "ranks the config would run on (default: the config's train.nproc)")
+      ->check(CLI::Range(1, 1024));
+  plan->add_option("--set", planSets, "override a config key by its dotted path with a JSON value (repeatable)");
+  plan->add_option("--max-seq", maxSeq, "per-rank byte budget (4GiB, 512MiB, 1.5GB or plain bytes): print the "
+                                        "longest seq_len that fits, and the ablation ladder's");
   CLI11_PARSE(app, argc, argv);
   // Flush subnormals to zero before any thread pool exists (new threads inherit the mode):
   // training drives some values (softmax tails, Adam's v) subnormal, and x86 then runs
@@ -163,6 +241,7 @@ int main(int argc, char** argv) {
       return cmdTrain(argc, argv, fl);
     }
     if (*exp) return cmdExport(ckptPath, outPath);
+    if (*plan) return cmdPlan(planConfig, planNproc, planSets, maxSeq);
   } catch (const std::exception& e) {
     if (std::getenv("WORLD_SIZE")) std::fprintf(stderr, "longtrain: error on rank %d: %s\n", rank, e.what());
     else std::fprintf(stderr, "longtrain: error: %s\n", e.what());

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# bench/plan_accuracy.sh: the memory model against measured peak RSS. For each config (naive
+# vs chunked attention, tiling on/off, 1k-16k tokens, SP = 1/2/4 process ranks, ZeRO-3 on/off)
+# it prints `longtrain plan`'s per-rank prediction, the peak RSS of 2 training steps (max over
+# ranks and steps, from --metrics) and the relative error. Model: bench/plan_base.json.
+# Each rank runs 1 intra-op thread (THREADS; memory does not depend on it, and on a shared
+# 2-core machine more threads only spin). ROWS="7 8" runs only those rows.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-./build/longtrain}
+CFG=${1:-bench/plan_base.json}
+THREADS=${THREADS:-1}
+ROWS=${ROWS:-}
+out=$(mktemp -d)
+C="--set model.attention_chunk=256"; L="--set model.loss_chunk=256"; T="--set model.tiled_mlp=true"
+Z="--set zero_optimization.stage=3"
+SO="--set zero_optimization.offload_optimizer.device=cpu --set zero_optimization.offload_optimizer.super_offload=true"
+configs=(
+  "naive            |1|1024 |"
+  "naive            |1|2048 |"
+  "naive+loss       |1|2048 |$L"
+  "naive+loss+mlp   |1|4096 |$L $T"
+  "chunk            |1|4096 |$C"
+  "chunk+loss       |1|8192 |$C $L"
+  "chunk+loss+mlp   |1|16384|$C $L $T"
+  "naive            |2|2048 |"
+  "naive+loss       |4|4096 |$L"
+  "chunk+loss+mlp   |2|16384|$C $L $T"
+  "chunk+loss+mlp   |4|16384|$C $L $T"
+  "zero3 chunk+loss |1|8192 |$C $L $Z"
+  "zero3+SO all     |2|16384|$C $L $T $Z $SO"
+)
+printf "| %-3s | %-18s | %2s | %7s | %13s | %12s | %7s |\n" row config P seq_len predicted_MiB measured_MiB error
+printf "|%s|%s|%s|%s|%s|%s|%s|\n" ----- -------------------- ---- --------- --------------- -------------- ---------
+i=0
+for row in "${configs[@]}"; do
+  IFS='|' read -r name P S flags <<<"$row"
+  S=$(echo $S); i=$((i + 1))
+  if [ -n "$ROWS" ] && ! [[ " $ROWS " == *" $i "* ]]; then continue; fi
+  args="--nproc $P --set sequence_parallel_size=$P --set data.seq_len=$S --set train.threads=$THREADS $flags"
+  pred=$($BIN plan "$CFG" $args | awk '$1 == "total" {print $2}')
+  $BIN train "$CFG" $args --metrics "$out/$i.jsonl" >"$out/$i.log" 2>&1 || { echo "run $i failed:"; tail "$out/$i.log"; exit 1; }
+  meas=$(python3 -c "import json,sys; print(max(json.loads(l)['peak_rss_bytes'] for l in open(sys.argv[1])) / 2**20)" "$out/$i.jsonl")
+  python3 -c "
+import sys
+i, n, P, S, p, m = sys.argv[1:7]; p, m = float(p), float(m)
+print(f'| {i:>3} | {n.strip():<18} | {P:>2} | {S:>7} | {p:>13.1f} | {m:>12.1f} | {100 * (p - m) / m:>+6.1f}% |')" "$i" "$name" "$P" "$S" "$pred" "$meas"
+done

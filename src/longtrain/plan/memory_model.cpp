@@ -1,0 +1,444 @@
+// The memory model. Each term counts tensors the code holds, in units of one fp32 tensor of a
+// given shape per rank; the derivation of each count is beside it. The step's phases (one
+// block's recompute + backward for every block, the loss, the end of backward under ZeRO-3,
+// the optimizer step, ZeRO-3's construction) are evaluated and the largest is the peak.
+// Arithmetic is in double (a naive [B, H, S, S] at S = 2^24 overflows nothing in double).
+#include "longtrain/plan/memory_model.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+
+#include "longtrain/core/check.h"
+
+namespace lt::plan {
+
+namespace {
+
+constexpr double kF = 4;  // bytes per fp32 element
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// Process baseline: peak RSS of a 2-layer, hidden-32, 64-token run (0.04M parameters, so its
+// tensors are < 1 MiB), measured with `longtrain train` on this build: 167.8-169.2 MiB for
+// 1, 2 and 4 process ranks and 1 or 2 threads. libtorch's code and data, OpenMP and Gloo
+// threads, glibc arenas.
+constexpr double kBaselineBytes = 168.5 * kMiB;
+
+// Allocator retention. glibc serves a block below its mmap threshold from its heap and
+// keeps it after free; the threshold rises with use to at most 32 MiB, so blocks of 32 MiB
+// and more are mmap'ed and returned on free. Hence RSS at its peak is about the largest
+// (persistent + large blocks) of any phase plus the heap, which grows to the largest working
+// set of small blocks of any phase (often another phase: the loss's logits against the
+// heap left by attention's backward) and keeps a share more (fragmentation: the heap's
+// holes). That share was fitted on bench/plan_accuracy.sh's configs (README, "plan
+// accuracy"); with a fixed 1 MiB mmap threshold (MALLOC_MMAP_THRESHOLD_, little retention)
+// the live bytes alone came within 1% and 5% of the measured peak on two of them. (That
+// setting is not the default: it made chunked attention's steps 3x slower here.)
+constexpr double kMmapCeiling = 32 * kMiB;
+constexpr double kHeapFragmentation = 0.8;
+
+// Bytes of a phase's freed-each-step tensors, split by where glibc puts them.
+struct Bytes {
+  double small = 0, large = 0;  // tensors below / at or above kMmapCeiling
+  double largeCount = 0;        // how many are large (nondecreasing in seq_len)
+  void add(double count, double each) {
+    if (each >= kMmapCeiling) {
+      large += count * each;
+      largeCount += count;
+    } else {
+      small += count * each;
+    }
+  }
+  void add(const Bytes& o) {
+    small += o.small;
+    large += o.large;
+    largeCount += o.largeCount;
+  }
+  double live() const { return small + large; }
+};
+
+struct Dims {
+  double B, S, P, s, D, H, KV, Dh, F, V, L, W;
+  double blockN, embedN, headN, N, maxParam;
+};
+
+Dims dimsOf(const train::Config& c, int world) {
+  const auto& m = c.model;
+  Dims d{};
+  d.B = static_cast<double>(c.microBatch);
+  d.S = static_cast<double>(c.data.seqLen);
+  d.P = c.sequenceParallelSize;
+  d.s = d.S / d.P;
+  d.D = static_cast<double>(m.hidden);
+  d.H = static_cast<double>(m.heads);
+  d.KV = static_cast<double>(m.kvHeads);
+  d.Dh = static_cast<double>(m.headDim());
+  d.F = static_cast<double>(m.intermediate);
+  d.V = static_cast<double>(m.vocabSize);
+  d.L = static_cast<double>(m.layers);
+  d.W = world;
+  const double kvDim = d.KV * d.Dh;
+  d.blockN = 2 * d.D + 2 * d.D * d.D + 2 * d.D * kvDim + 3 * d.D * d.F;
+  d.embedN = d.V * d.D;
+  d.headN = d.D + (m.tieEmbeddings ? 0 : d.V * d.D);
+  d.N = d.L * d.blockN + d.embedN + d.headN;
+  d.maxParam = std::max(d.V * d.D, d.D * d.F);
+  return d;
+}
+
+struct Phase {
+  double params = 0, grads = 0, optim = 0;  // held across steps
+  Bytes acts, transient;                    // freed within the step
+  std::string name;
+  double held() const { return params + grads + optim; }
+  double live() const { return held() + acts.live() + transient.live(); }
+};
+
+// One block's recompute (forward with grad) and backward, per rank. Units:
+//   uD = [B, S/P, D]; uKV = [B, S/P, KV*Dh]; uF = [B, S/P, F];
+//   uA = [B, H/P, S, S] (naive scores); uC = [B, H/P, c, c] (one chunked-attention tile).
+// Under Ulysses the attention core holds [B, S, H/P, Dh] per rank: the same bytes as uD.
+// Returns the larger of the MLP's and the attention's backward working sets.
+Bytes blockCost(const train::Config& c, const Dims& d, bool* attnPeak) {
+  const double uD = d.B * d.s * d.D * kF, uKV = d.B * d.s * d.KV * d.Dh * kF, uF = d.B * d.s * d.F * kF;
+  const double hP = d.H / d.P;
+  // Saved by autograd for the attention half (model.cpp Model::block):
+  //   rmsNorm: x*rsqrt (uD) and its output h (uD); q projection and its rotation (2 uD);
+  //   k projection, its rotation, v (3 uKV); the attention output reshaped for o_proj (uD);
+  //   x1 = x + o_proj(a) (uD).
+  Bytes savedAttn, attnWork;
+  savedAttn.add(6, uD);
+  savedAttn.add(3, uKV);
+  if (c.model.attentionChunk > 0) {
+    const double ch = std::min<double>(static_cast<double>(c.model.attentionChunk), d.S);
+    // ChunkedFn saves contiguous q, k, v ([B, H/P, S, Dh], KV expanded) and its output (4 uD)
+    // and the log-sum-exp ([B, H/P, S]). Backward: dO made contiguous, dq, dk, dv (4 uD), and
+    // per tile the scores, p, dp, ds and a temporary (5 uC).
+    savedAttn.add(4, uD);
+    savedAttn.add(1, d.B * hP * d.S * kF);
+    attnWork.add(4, uD);
+    attnWork.add(5, d.B * hP * ch * ch * kF);
+  } else {
+    const double uA = d.B * hP * d.S * d.S * kF;
+    // causalAttention: matmul copies q and k^T into contiguous operands (saved by bmm: 2 uD),
+    // softmax saves p (uA), p @ v saves its copy of v (uD); the causal mask [S, S] (bytes).
+    // Backward at softmax: p, dP and dS coexist (+2 uA); dq, dk, dv (3 uD).
+    savedAttn.add(3, uD);
+    savedAttn.add(1, uA);
+    savedAttn.add(1, d.S * d.S);
+    attnWork.add(2, uA);
+    attnWork.add(3, uD);
+  }
+  if (d.P > 1) attnWork.add(3, uD);  // all-to-all backward: contiguous gradient, send, receive
+  // MLP half: rmsNorm (2 uD); untiled SwiGLU saves gate(x), silu(gate), up(x) and their
+  // product (4 uF); TiledMLP saves only its input (already counted as m).
+  Bytes savedMlp, mlpWork;
+  savedMlp.add(2, uD);
+  if (c.model.tiledMlp) {
+    // TiledMlpFn::backward: dx (uD), zeroed weight-gradient accumulators and one shard's
+    // weight gradients (6 x D x F), one shard's recompute and its gradients (~7 [B, len, F],
+    // len = ceil(S/P / shards) <= hidden).
+    const double len = std::min(d.s, d.D);
+    mlpWork.add(1, uD);
+    mlpWork.add(6, d.D * d.F * kF);
+    mlpWork.add(7, d.B * len * d.F * kF);
+  } else {
+    // d(product), d(silu), d(up) coexist at the mul's backward (3 uF), then dm (uD).
+    savedMlp.add(4, uF);
+    mlpWork.add(3, uF);
+    mlpWork.add(1, uD);
+  }
+  // The executor holds the block's output y and the upstream gradient (2 uD) throughout.
+  Bytes mlpPhase, attnPhase;
+  mlpPhase.add(savedAttn);
+  mlpPhase.add(savedMlp);
+  mlpPhase.add(2, uD);
+  mlpPhase.add(mlpWork);
+  attnPhase.add(savedAttn);
+  attnPhase.add(3, uD);  // y, the upstream gradient, d(x1)
+  attnPhase.add(attnWork);
+  *attnPeak = attnPhase.live() >= mlpPhase.live();
+  return *attnPeak ? attnPhase : mlpPhase;
+}
+
+// The loss phase (Executor::lossAndGrad): per tile of cl tokens, logits [B, cl, V] are freed
+// when lossSum returns, but log_softmax saves its output; backward holds it with nll's
+// gradient and log_softmax's (3 [B, cl, V]); the final norm's saved tensors and dh (3
+// [B, cl, D]); the LM head's weight-gradient temporary (V x D); tiled: gradH (uD).
+Bytes lossCost(const train::Config& c, const Dims& d) {
+  const double cl = c.model.lossChunk > 0 ? std::min<double>(static_cast<double>(c.model.lossChunk), d.s) : d.s;
+  Bytes t;
+  t.add(3, d.B * cl * d.V * kF);
+  t.add(3, d.B * cl * d.D * kF);
+  t.add(1, d.V * d.D * kF);
+  if (cl < d.s) t.add(1, d.B * d.s * d.D * kF);
+  return t;
+}
+
+}  // namespace
+
+ModelState modelState(const train::Config& c, int world) {
+  const Dims d = dimsOf(c, world);
+  const double share = c.zero.stage == 3 ? 1.0 / d.W : 1.0;
+  double optim = 2 * d.N * kF * share;
+  if (c.zero.stage == 3 && c.zero.offloadOptimizer.superOffload)  // shadow master, m, v of the offloaded share
+    optim += c.zero.offloadOptimizer.ratio * 3 * d.N * kF * share;
+  ModelState m;
+  m.parameters = static_cast<int64_t>(d.N * kF * share);
+  m.gradients = m.parameters;
+  m.optimizer = static_cast<int64_t>(optim);
+  return m;
+}
+
+namespace {
+
+struct Prediction {
+  MemoryBreakdown breakdown;
+  double largeCount = 0;  // tensors at or above the mmap ceiling, over all phases
+};
+
+Prediction evaluate(const train::Config& c, int world) {
+  LT_CHECK(world >= 1 && world % c.sequenceParallelSize == 0, "plan: world size ", world,
+           " is not a multiple of sequence_parallel_size=", c.sequenceParallelSize);
+  const Dims d = dimsOf(c, world);
+  const bool z3 = c.zero.stage == 3;
+  const double uD = d.B * d.s * d.D * kF;
+  // Batch tensors: ids, labels, positions, shift_labels as int64 (the Ulysses loader
+  // all-gathers the P batches and queues P shards: the same total), plus kv_recall's
+  // samples as vectors while collating.
+  const double batch = 48 * d.B * d.S;
+  // Full gradients that can wait in a ZeRO-3 bucket (IpgBuckets): the whole model when
+  // sub_group_size >= N (the default 1e9), else about one sub-group.
+  const double sgFull = std::min(d.N, static_cast<double>(c.zero.subGroupSize) + d.maxParam);
+  const ModelState ms = modelState(c, world);
+  const double params = static_cast<double>(ms.parameters), grads = static_cast<double>(ms.gradients),
+               optim = static_cast<double>(ms.optimizer);
+
+  std::vector<Phase> phases;
+  bool attnPeak = false;
+  const Bytes block = blockCost(c, d, &attnPeak);
+  for (int b = static_cast<int>(d.L) - 1; b >= 0; --b) {
+    // RecomputeBackward(b): inputs of blocks 0..b are still kept (free_activations frees b after).
+    Phase p;
+    p.acts.add(b + 1, uD);
+    p.acts.add(1, batch);
+    p.params = params + (z3 ? d.blockN * kF : 0);  // ZeRO-3: block b gathered
+    const double done = d.headN + (d.L - b) * d.blockN;  // gradients produced so far this step
+    if (z3) p.grads = grads + std::min(done, sgFull) * kF;  // full gradients waiting in buckets
+    else p.grads = grads + (d.W > 1 ? (done - d.blockN) * kF : 0);  // all-reduce buffers of finished groups
+    p.optim = optim;
+    p.transient = block;
+    p.name = "backward of block " + std::to_string(b) + (attnPeak ? " (attention)" : " (MLP)");
+    phases.push_back(p);
+  }
+  {
+    Phase p;  // LossAndGrad: every block input and the final hidden state are kept
+    p.acts.add(d.L + 1, uD);
+    p.acts.add(1, batch);
+    p.params = params + (z3 ? d.headN * kF : 0);
+    p.grads = grads + (z3 ? std::min(d.headN, sgFull) * kF : 0);
+    p.optim = optim;
+    p.transient = lossCost(c, d);
+    p.name = c.model.lossChunk > 0 ? "loss (logits tiles)" : "loss (whole logits)";
+    phases.push_back(p);
+  }
+  if (z3) {
+    // A bucket completes (Zero3::onBucket): its full gradients, the [W, partition] send
+    // buffer, one padded gradient, and (W > 1) the all-to-all's receive buffer
+    // (Comm::reduceScatter). Reduce-scatters still in flight when compute is short are not
+    // counted.
+    Phase p;
+    p.params = params;
+    p.grads = grads;
+    p.transient.add(d.W > 1 ? 3 : 2, sgFull * kF);
+    p.transient.add(1, d.maxParam * kF);
+    p.optim = optim;
+    p.acts.add(1, batch);
+    p.name = "ZeRO-3 gradient reduce-scatter";
+    phases.push_back(p);
+    Phase o;  // step(): the global norm reads each sub-group's gradient as float64, squared
+    o.params = params;
+    o.grads = grads;
+    o.optim = optim;
+    o.transient.add(2, 8 * sgFull / d.W);
+    o.name = "optimizer step";
+    phases.push_back(o);
+    Phase i;  // construction: the whole model exists before Zero3 partitions it
+    i.params = d.N * kF + params;
+    i.grads = grads;
+    i.optim = 2 * d.N * kF / d.W;
+    i.name = "ZeRO-3 construction";
+    phases.push_back(i);
+  } else {
+    Phase o;  // the all-reduced flats wait until OptimizerStep; the norm is float64, squared
+    o.params = params;
+    o.grads = grads + (d.W > 1 ? d.N * kF : 0);
+    o.optim = optim;
+    o.transient.add(2, 8 * d.maxParam);
+    o.name = "optimizer step";
+    phases.push_back(o);
+  }
+  const Phase* top = &phases[0];
+  double held = 0, small = 0, largeCount = 0;
+  for (const auto& p : phases) {
+    if (p.live() > top->live()) top = &p;
+    held = std::max(held, p.held() + p.acts.large + p.transient.large);
+    small = std::max(small, p.acts.small + p.transient.small);
+    largeCount += p.acts.largeCount + p.transient.largeCount;
+  }
+  const double total = kBaselineBytes + held + (1 + kHeapFragmentation) * small;
+  Prediction out;
+  auto& m = out.breakdown;
+  m.baseline = static_cast<int64_t>(kBaselineBytes);
+  m.parameters = static_cast<int64_t>(top->params);
+  m.gradients = static_cast<int64_t>(top->grads);
+  m.optimizer = static_cast<int64_t>(top->optim);
+  m.activations = static_cast<int64_t>(top->acts.live());
+  m.transient = static_cast<int64_t>(top->transient.live());
+  // held + small >= every phase's live bytes, so this is >= 0.
+  m.retained = std::max<int64_t>(0, static_cast<int64_t>(total) - m.baseline - static_cast<int64_t>(top->live()));
+  m.phase = top->name;
+  out.largeCount = largeCount;
+  return out;
+}
+
+}  // namespace
+
+MemoryBreakdown predictPeak(const train::Config& c, int world) { return evaluate(c, world).breakdown; }
+
+int64_t seqLenMultiple(const train::Config& c) { return c.sequenceParallelSize; }
+
+int64_t minSeqLen(const train::Config& c) {
+  if (c.data.type == "kv_recall") return 1 + 2 * c.data.kvPairs + 2 * c.data.kvQueries;  // data.cpp's check
+  return 2;
+}
+
+int64_t maxSeqLen(const train::Config& cfg, int world, int64_t budgetBytes, int64_t cap) {
+  const int64_t unit = seqLenMultiple(cfg);
+  train::Config c = cfg;
+  auto at = [&](int64_t k) {  // k units of seq_len
+    c.data.seqLen = k * unit;
+    return evaluate(c, world);
+  };
+  const int64_t first = (minSeqLen(cfg) + unit - 1) / unit;  // the shortest valid length, in units
+  const int64_t maxK = std::max(first, cap / unit);
+  // The prediction rises with seq_len except where a tensor grows past the mmap ceiling (it
+  // leaves the heap, and its retention with it). Search the running maximum instead, so the
+  // answer is monotone in the budget and every shorter length fits too: find where the count
+  // of large tensors steps (bisection), and take the prediction just before each step.
+  std::vector<std::pair<int64_t, double>> dips;  // (k where the count steps, prediction at k - 1)
+  auto findSteps = [&](auto&& self, int64_t lo, double nLo, int64_t hi, double nHi) -> void {
+    if (nLo == nHi) return;
+    if (hi - lo == 1) {
+      dips.emplace_back(hi, static_cast<double>(at(lo).breakdown.total()));
+      return;
+    }
+    const int64_t mid = lo + (hi - lo) / 2;
+    const double nMid = at(mid).largeCount;
+    self(self, lo, nLo, mid, nMid);
+    self(self, mid, nMid, hi, nHi);
+  };
+  findSteps(findSteps, first, at(first).largeCount, maxK + 1, at(maxK + 1).largeCount);
+  auto fits = [&](int64_t k) {
+    if (static_cast<double>(at(k).breakdown.total()) > static_cast<double>(budgetBytes)) return false;
+    for (const auto& [step, before] : dips)
+      if (step <= k && before > static_cast<double>(budgetBytes)) return false;
+    return true;
+  };
+  if (!fits(first)) return 0;
+  // Invariant: lo fits; hi does not (or hi = maxK + 1, past the cap).
+  int64_t lo = first, hi = first + 1;
+  while (hi <= maxK && fits(hi)) {
+    lo = hi;
+    hi = std::min(maxK + 1, lo * 2);
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (fits(mid)) lo = mid;
+    else hi = mid;
+  }
+  return lo * unit;
+}
+
+int64_t parseBytes(const std::string& text) {
+  auto bad = [&](const std::string& why) {
+    LT_CHECK(false, "--max-seq: cannot read '", text, "' as a byte budget (", why,
+             "); expected a number with an optional unit, e.g. 4GiB, 512MiB, 1.5GB or 1000000");
+  };
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == 0) bad("no number");
+  const std::string num = text.substr(0, i);
+  if (std::count(num.begin(), num.end(), '.') > 1) bad("malformed number");
+  char* end = nullptr;
+  double v = std::strtod(num.c_str(), &end);
+  if (end != num.c_str() + num.size()) bad("malformed number");
+  std::string unit = text.substr(i);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
+  for (auto& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  double mult = 0;
+  const std::pair<const char*, double> units[] = {
+      {"", 1},          {"b", 1},          {"k", 1024.0},       {"kib", 1024.0},     {"kb", 1e3},
+      {"m", kMiB},      {"mib", kMiB},     {"mb", 1e6},         {"g", kMiB * 1024},  {"gib", kMiB * 1024},
+      {"gb", 1e9},      {"t", kMiB * kMiB}, {"tib", kMiB * kMiB}, {"tb", 1e12}};
+  for (const auto& [name, m] : units)
+    if (unit == name) mult = m;
+  if (mult == 0) bad("unknown unit '" + text.substr(i) + "'");
+  const double bytes = v * mult;
+  if (!(bytes >= 1)) bad("not a positive size");
+  if (bytes > 9.0e18) bad("too large");
+  return static_cast<int64_t>(bytes);
+}
+
+std::vector<Rung> ablationLadder(const train::Config& base) {
+  const int64_t attnChunk = base.model.attentionChunk > 0 ? base.model.attentionChunk : 256;
+  const int64_t lossChunk = base.model.lossChunk > 0 ? base.model.lossChunk : 256;
+  std::vector<Rung> out;
+  Rung r;
+  r.cfg = base;
+  r.cfg.model.attentionChunk = 0;
+  r.cfg.model.lossChunk = 0;
+  r.cfg.model.tiledMlp = false;
+  r.cfg.sequenceParallelSize = 1;
+  r.cfg.zero = train::ZeroConfig{};
+  r.cfg.zero.subGroupSize = base.zero.subGroupSize;
+  r.world = 1;
+  r.name = "1 baseline";
+  r.sets = {"model.attention_chunk=0", "model.loss_chunk=0", "model.tiled_mlp=false", "sequence_parallel_size=1",
+            "zero_optimization.stage=0"};
+  out.push_back(r);
+  r.name = "2 + tiled logits-loss";
+  r.cfg.model.lossChunk = lossChunk;
+  r.sets[1] = "model.loss_chunk=" + std::to_string(lossChunk);
+  out.push_back(r);
+  r.name = "3 + chunked attention";
+  r.cfg.model.attentionChunk = attnChunk;
+  r.sets[0] = "model.attention_chunk=" + std::to_string(attnChunk);
+  out.push_back(r);
+  r.name = "4 + tiled MLP";
+  r.cfg.model.tiledMlp = true;
+  r.sets[2] = "model.tiled_mlp=true";
+  out.push_back(r);
+  for (int P : {2, 4}) {
+    r.name = std::string(P == 2 ? "5" : "6") + " + SP=" + std::to_string(P);
+    r.cfg.sequenceParallelSize = P;
+    r.world = P;
+    r.sets[3] = "sequence_parallel_size=" + std::to_string(P);
+    if (base.model.heads % P != 0 || (base.model.kvHeads % P != 0 && P % base.model.kvHeads != 0))
+      r.skipped = "num_heads=" + std::to_string(base.model.heads) + " / num_kv_heads=" +
+                  std::to_string(base.model.kvHeads) + " do not split over " + std::to_string(P) + " ranks";
+    out.push_back(r);
+  }
+  r.name = "7 + ZeRO-3 + SuperOffload";
+  r.cfg.zero.stage = 3;
+  r.cfg.zero.offloadOptimizer.device = "cpu";
+  r.cfg.zero.offloadOptimizer.superOffload = true;
+  r.sets[4] = "zero_optimization.stage=3";
+  r.sets.push_back("zero_optimization.offload_optimizer.device=cpu");
+  r.sets.push_back("zero_optimization.offload_optimizer.super_offload=true");
+  out.push_back(r);
+  return out;
+}
+
+}  // namespace lt::plan

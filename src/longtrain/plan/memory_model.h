@@ -1,0 +1,69 @@
+// The memory model behind `longtrain plan`: each rank's peak resident bytes for a config,
+// in closed form from the shapes, and the longest seq_len that fits a per-rank budget.
+// The formulas count the tensors the code paths actually hold (what autograd saves in the
+// recomputed block, what backward, the loss and the optimizer allocate: see the .cpp); the
+// process baseline (libtorch, threads, allocator) is one constant measured on this build.
+// The peak is the largest of the step's phases (its breakdown is that phase's) plus what the
+// allocator keeps of freed blocks, a calibrated share.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "longtrain/train/config.h"
+
+namespace lt::plan {
+
+// Bytes one rank holds at its predicted peak, by kind. total() is their sum.
+struct MemoryBreakdown {
+  int64_t baseline = 0;     // process: libtorch, thread pools, allocator (measured constant)
+  int64_t parameters = 0;   // fp32 parameters (ZeRO-3: master partition + gathered groups)
+  int64_t gradients = 0;    // fp32 gradients (ZeRO-3: partition + full gradients waiting in buckets)
+  int64_t optimizer = 0;    // Adam m and v (ZeRO-3: partitions, + SuperOffload rollback shadows)
+  int64_t activations = 0;  // kept block inputs [B, S/P, D] (+ the batch)
+  int64_t transient = 0;    // the phase's working set: one block's recompute + backward, or the loss
+  int64_t retained = 0;     // freed blocks the allocator (glibc) keeps: a share of the largest
+                            // heap-resident working set of any phase
+  std::string phase;        // which phase is the peak, e.g. "backward of block 1 (attention)"
+  int64_t total() const { return baseline + parameters + gradients + optimizer + activations + transient + retained; }
+};
+
+// Per-rank prediction for `cfg` with `world` ranks (data-parallel size = world / SP).
+MemoryBreakdown predictPeak(const train::Config& cfg, int world);
+
+// The persistent model state of one rank: fp32 parameters, gradients, Adam m and v (and
+// SuperOffload's rollback shadows). ZeRO-3 holds 1/world of each; stage 0 holds all of it.
+struct ModelState {
+  int64_t parameters = 0, gradients = 0, optimizer = 0;
+};
+ModelState modelState(const train::Config& cfg, int world);
+
+// seq_len must be a multiple of this (the SP degree) ...
+int64_t seqLenMultiple(const train::Config& cfg);
+// ... and at least this (kv_recall's BOS + pairs + queries; 2 otherwise).
+int64_t minSeqLen(const train::Config& cfg);
+
+// The longest valid seq_len whose predicted peak is within `budgetBytes` (binary search on
+// the prediction, which is nondecreasing in seq_len); 0 when even the shortest does not fit.
+// `cap`: the longest length considered (a result equal to it means "at least").
+int64_t maxSeqLen(const train::Config& cfg, int world, int64_t budgetBytes, int64_t cap = int64_t{1} << 24);
+
+// "4GiB", "512MiB", "1.5GB", "1000000" -> bytes. Suffixes: B, KiB, MiB, GiB, TiB (powers of
+// 1024), KB, MB, GB, TB (powers of 1000), K/M/G/T as the binary ones; case-insensitive.
+// An unparsable or non-positive value is an lt::Error naming it.
+int64_t parseBytes(const std::string& s);
+
+// One rung of the ALST ablation ladder: the options it turns on, applied to a config.
+struct Rung {
+  std::string name;                // "baseline", "+ tiled logits-loss", ...
+  train::Config cfg;               // the config with the rung's options
+  int world = 1;                   // ranks the rung runs on (its SP degree)
+  std::vector<std::string> sets;   // the --set flags that reproduce it (with --nproc world)
+  std::string skipped;             // non-empty: why the rung cannot run with this model
+};
+// Rungs 1..7: baseline (naive attention, untiled loss and MLP, SP = 1, no ZeRO); + tiled
+// logits-loss; + chunked attention; + tiled MLP; + SP = 2; + SP = 4; + ZeRO-3 with
+// SuperOffload. Chunk sizes are the config's where set, else 256 (attention) and 256 (loss).
+std::vector<Rung> ablationLadder(const train::Config& base);
+
+}  // namespace lt::plan

@@ -1,0 +1,223 @@
+// plan/: the memory model's algebra (parts add up, ZeRO-3 partitions, growth in seq_len), the
+// budget search, byte-size parsing, the `plan` command, and one prediction against the
+// peak RSS a real run measures (a subprocess: VmHWM is per process and never falls).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "longtrain/core/check.h"
+#include "longtrain/plan/memory_model.h"
+#include "longtrain/train/config.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using lt::plan::predictPeak;
+
+json planConfig() {
+  return json::parse(R"({
+    "train_micro_batch_size_per_gpu": 1,
+    "model": {"vocab_size": 4096, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 256},
+    "data": {"seq_len": 1024, "num_samples": 64, "eval_samples": 0,
+             "kv": {"num_pairs": 8, "num_queries": 16, "num_keys": 8, "num_values": 8, "num_noise": 16,
+                    "fused_pairs": true}},
+    "train": {"steps": 2}
+  })");
+}
+
+lt::train::Config parse(const json& j, int world, const std::vector<std::string>& sets = {}) {
+  json k = j;
+  for (const auto& s : sets) lt::train::applyOverride(k, s);
+  return lt::train::parseConfig(k, world);
+}
+
+lt::train::Config withSeq(lt::train::Config c, int64_t s) {
+  c.data.seqLen = s;
+  return c;
+}
+
+TEST(Plan, PartsAddUp) {
+  for (const auto& sets : std::vector<std::vector<std::string>>{
+           {}, {"model.attention_chunk=128", "model.loss_chunk=256", "model.tiled_mlp=true"},
+           {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu",
+            "zero_optimization.offload_optimizer.super_offload=true"}}) {
+    auto m = predictPeak(parse(planConfig(), 1, sets), 1);
+    EXPECT_EQ(m.total(), m.baseline + m.parameters + m.gradients + m.optimizer + m.activations + m.transient + m.retained);
+    for (int64_t part : {m.baseline, m.parameters, m.gradients, m.optimizer, m.activations, m.transient, m.retained})
+      EXPECT_GE(part, 0);
+    EXPECT_FALSE(m.phase.empty());
+  }
+}
+
+TEST(Plan, ZeroThreeStateScalesAsOneOverWorld) {
+  auto z3 = parse(planConfig(), 4, {"zero_optimization.stage=3"});
+  auto one = lt::plan::modelState(z3, 1), four = lt::plan::modelState(z3, 4);
+  const int64_t n = z3.model.numParams();
+  EXPECT_EQ(one.parameters, 4 * n);
+  EXPECT_EQ(one.gradients, 4 * n);
+  EXPECT_EQ(one.optimizer, 8 * n);
+  EXPECT_NEAR(four.parameters, one.parameters / 4.0, 1);
+  EXPECT_NEAR(four.gradients, one.gradients / 4.0, 1);
+  EXPECT_NEAR(four.optimizer, one.optimizer / 4.0, 1);
+  // Stage 0 replicates the state on every rank.
+  auto z0 = parse(planConfig(), 4);
+  EXPECT_EQ(lt::plan::modelState(z0, 4).optimizer, lt::plan::modelState(z0, 1).optimizer);
+  // The predicted peak itself falls with the world under ZeRO-3.
+  EXPECT_LT(predictPeak(z3, 4).total(), predictPeak(z3, 1).total());
+}
+
+// (peak(4S) - peak(2S)) / (peak(2S) - peak(S)): ~4 for a quadratic term, ~2 for linear.
+double growth(const lt::train::Config& c, int64_t s) {
+  auto p = [&](int64_t len) { return static_cast<double>(predictPeak(withSeq(c, len), 1).total()); };
+  return (p(4 * s) - p(2 * s)) / (p(2 * s) - p(s));
+}
+
+TEST(Plan, NaiveAttentionGrowsQuadraticallyChunkedLinearly) {
+  auto naive = parse(planConfig(), 1, {"model.vocab_size=64"});
+  auto chunked = parse(planConfig(), 1, {"model.vocab_size=64", "model.attention_chunk=256"});
+  EXPECT_GT(growth(naive, 2048), 3.5);
+  const double g = growth(chunked, 2048);
+  EXPECT_GT(g, 1.8);
+  EXPECT_LT(g, 2.2);
+}
+
+TEST(Plan, MaxSeqIsMonotoneInBudgetAndTight) {
+  auto c = parse(planConfig(), 2, {"sequence_parallel_size=2", "model.attention_chunk=256", "model.loss_chunk=256"});
+  int64_t prev = 0;
+  for (int mib = 200; mib <= 1200; mib += 100) {
+    const int64_t budget = int64_t{mib} << 20;
+    const int64_t s = lt::plan::maxSeqLen(c, 2, budget);
+    EXPECT_GE(s, prev) << mib << " MiB";
+    prev = s;
+    if (s == 0) continue;
+    EXPECT_EQ(s % 2, 0);
+    EXPECT_LE(predictPeak(withSeq(c, s), 2).total(), budget);
+    EXPECT_GT(predictPeak(withSeq(c, s + 2), 2).total(), budget);
+  }
+  EXPECT_GT(prev, 0);
+  // Below the process baseline nothing fits.
+  EXPECT_EQ(lt::plan::maxSeqLen(c, 2, int64_t{64} << 20), 0);
+}
+
+TEST(Plan, AblationLadderAddsOneOptionPerRung) {
+  auto c = parse(planConfig(), 1, {"model.num_heads=2", "model.num_kv_heads=2"});
+  auto ladder = lt::plan::ablationLadder(c);
+  ASSERT_EQ(ladder.size(), 7u);
+  EXPECT_EQ(ladder[0].cfg.model.attentionChunk, 0);
+  EXPECT_EQ(ladder[0].cfg.model.lossChunk, 0);
+  EXPECT_GT(ladder[1].cfg.model.lossChunk, 0);
+  EXPECT_GT(ladder[2].cfg.model.attentionChunk, 0);
+  EXPECT_TRUE(ladder[3].cfg.model.tiledMlp);
+  EXPECT_EQ(ladder[4].world, 2);
+  EXPECT_TRUE(ladder[4].skipped.empty());
+  EXPECT_NE(ladder[5].skipped.find("num_heads=2"), std::string::npos);  // 2 heads do not split over 4 ranks
+  EXPECT_EQ(ladder[6].cfg.zero.stage, 3);
+  EXPECT_TRUE(ladder[6].cfg.zero.offloadOptimizer.superOffload);
+  // Each rung fits at least as long a sequence as the one before, at the same budget.
+  int64_t prev = 0;
+  for (int i = 0; i < 5; ++i) {
+    const int64_t s = lt::plan::maxSeqLen(ladder[i].cfg, ladder[i].world, int64_t{400} << 20);
+    EXPECT_GE(s, prev) << ladder[i].name;
+    prev = s;
+  }
+}
+
+TEST(Plan, ParseBytes) {
+  using lt::plan::parseBytes;
+  EXPECT_EQ(parseBytes("4GiB"), int64_t{4} << 30);
+  EXPECT_EQ(parseBytes("512MiB"), int64_t{512} << 20);
+  EXPECT_EQ(parseBytes("512mib"), int64_t{512} << 20);
+  EXPECT_EQ(parseBytes("2G"), int64_t{2} << 30);
+  EXPECT_EQ(parseBytes("1.5GB"), 1500000000);
+  EXPECT_EQ(parseBytes("1000000"), 1000000);
+  EXPECT_EQ(parseBytes("64KiB"), 65536);
+  for (const std::string bad : {"", "lots", "12XB", "-5MiB", "0", "1.2.3GiB", "GiB"}) {
+    try {
+      parseBytes(bad);
+      ADD_FAILURE() << "'" << bad << "' was accepted";
+    } catch (const lt::Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("--max-seq: cannot read '" + bad + "'"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("e.g. 4GiB"), std::string::npos) << msg;
+    }
+  }
+}
+
+struct Result {
+  int code;
+  std::string out;
+};
+Result sh(const std::string& cmd) {
+  FILE* p = popen(("timeout 120 " + cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+fs::path writeConfig(const std::string& name, const json& j) {
+  auto dir = fs::temp_directory_path() / "longtrain_plan_test";
+  fs::create_directories(dir);
+  auto p = dir / name;
+  std::ofstream(p) << j.dump(2);
+  return p;
+}
+
+const std::string kBin = LONGTRAIN_BIN;
+
+TEST(Plan, CommandPrintsBreakdownAndLadder) {
+  auto cfg = writeConfig("plan.json", planConfig()).string();
+  auto r = sh(kBin + " plan " + cfg + " --set model.attention_chunk=128");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* k : {"baseline (process)", "parameters", "gradients", "optimizer states", "kept activations",
+                        "transient", "allocator retained", "total"})
+    EXPECT_NE(r.out.find(k), std::string::npos) << k << "\n" << r.out;
+  auto m = sh(kBin + " plan " + cfg + " --max-seq 1GiB");
+  ASSERT_EQ(m.code, 0) << m.out;
+  for (const char* k : {"longest seq_len", "1 baseline", "2 + tiled logits-loss", "3 + chunked attention",
+                        "4 + tiled MLP", "5 + SP=2", "6 + SP=4", "7 + ZeRO-3 + SuperOffload",
+                        "zero_optimization.offload_optimizer.super_offload=true"})
+    EXPECT_NE(m.out.find(k), std::string::npos) << k << "\n" << m.out;
+  auto bad = sh(kBin + " plan " + cfg + " --max-seq 12XB");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("cannot read '12XB'"), std::string::npos) << bad.out;
+}
+
+// Tolerance of the prediction against the measured peak RSS: the issue's goal. The README's
+// validation table shows the errors over 13 configs; this one measured 420.1-420.4 MiB in
+// three runs against 418.5 predicted. (Configs dominated by small blocks vary more from run
+// to run: one measured 288-318 MiB, the allocator's heap growing in some runs.)
+constexpr double kPredictionTol = 0.10;
+
+TEST(Plan, PredictionMatchesMeasuredPeakRss) {
+  // One block, 8 heads, naive attention and whole logits at 1536 tokens: ~250 MiB of working
+  // set over the baseline, mostly in blocks the allocator returns; two steps take ~4 s.
+  json j = planConfig();
+  j["model"]["num_layers"] = 1;
+  j["model"]["num_heads"] = 8;
+  j["model"]["vocab_size"] = 8192;
+  j["data"]["seq_len"] = 1536;
+  j["train"]["threads"] = 1;
+  auto cfg = writeConfig("measure.json", j);
+  auto metrics = cfg.parent_path() / "measure.jsonl";
+  auto r = sh(kBin + " train " + cfg.string() + " --metrics " + metrics.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream f(metrics);
+  std::string line;
+  double measured = 0;
+  while (std::getline(f, line)) measured = std::max(measured, json::parse(line)["peak_rss_bytes"].get<double>());
+  const double predicted = static_cast<double>(predictPeak(parse(j, 1), 1).total());
+  const double err = (predicted - measured) / measured;
+  std::printf("plan: predicted %.1f MiB, measured %.1f MiB, error %+.1f%%\n", predicted / (1 << 20),
+              measured / (1 << 20), 100 * err);
+  EXPECT_LE(std::abs(err), kPredictionTol);
+}
+
+}  // namespace
