@@ -3,8 +3,9 @@
 # run, same directory), and the step-time cost of checkpointing every N steps.
 # Model: examples/offload_bench.json widened to ~80M parameters (ZeRO-3, world 1): a
 # checkpoint holds fp32 master weights + Adam m + v, ~12 bytes a parameter.
-# Usage: bench/checkpoint.sh [DIR] (default: a fresh directory under /tmp); cold reads need
-# root (drop_caches), else they are reported as cached.
+# Runs: no checkpoints, sync saves, async saves (train.checkpoint.async).
+# Usage: [THREADS=2] [EVERY=4] [STEPS=12] bench/checkpoint.sh [DIR] (default: a fresh
+# directory under /tmp); cold reads need root (drop_caches), else they are reported as cached.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=./build/longtrain
@@ -13,7 +14,7 @@ EVERY=${EVERY:-4}
 STEPS=${STEPS:-12}
 CFG=examples/offload_bench.json
 SETS=(--set model.hidden_size=768 --set model.num_layers=8 --set model.intermediate_size=2048
-      --set train.threads=2 --set steps_per_print=1000)
+      --set train.threads=${THREADS:-2} --set steps_per_print=1000)
 mkdir -p "$DIR"
 drop() { sync; (echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null && echo cold || echo cached; }
 
