@@ -46,10 +46,12 @@ class Fields {
     LT_CHECK(it != j_.end(), what_, ": field '", key(k), "' is missing");
     return *it;
   }
-  int64_t i64(const std::string& k, int64_t lo = 0) const {
+  // Bounded well inside int64, so sums and products of fields cannot overflow.
+  int64_t i64(const std::string& k, int64_t lo = 0, int64_t hi = int64_t{1} << 40) const {
     const json& v = at(k);
-    LT_CHECK(v.is_number_integer() && v.get<int64_t>() >= lo, what_, ": field '", key(k),
-             "' must be an integer >= ", lo, ", got ", v.dump().substr(0, 80));
+    LT_CHECK(v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) &&
+                 v.get<int64_t>() >= lo && v.get<int64_t>() <= hi,
+             what_, ": field '", key(k), "' must be an integer in [", lo, ", ", hi, "], got ", v.dump().substr(0, 80));
     return v.get<int64_t>();
   }
   std::string str(const std::string& k) const {
@@ -180,16 +182,19 @@ Manifest parseManifest(const std::string& text, const std::string& what) {
   LT_CHECK(m.adamStep + m.skippedSteps == m.step, what, ": adam_step ", m.adamStep, " + skipped_steps ",
            m.skippedSteps, " != step ", m.step);
   Fields data(top.at("data"), what, "data");
-  m.samplesConsumed = data.i64("samples_consumed");
-  m.trainBatchSize = data.i64("train_batch_size", 1);
+  m.samplesConsumed = data.i64("samples_consumed", 0, int64_t{1} << 60);
+  m.trainBatchSize = data.i64("train_batch_size", 1, int64_t{1} << 20);
+  LT_CHECK(m.samplesConsumed == m.step * m.trainBatchSize, what, ": data.samples_consumed ", m.samplesConsumed,
+           " != step ", m.step, " x train_batch_size ", m.trainBatchSize);
   for (const auto& c : data.array("loader_cursors")) {
-    LT_CHECK(c.is_number_integer() && c.get<int64_t>() >= 0, what, ": data.loader_cursors has a bad entry");
+    LT_CHECK(c.is_number_integer() && c.get<int64_t>() >= 0 && c.get<int64_t>() <= (int64_t{1} << 50), what,
+             ": data.loader_cursors has a bad entry");
     m.loaderCursors.push_back(c.get<int64_t>());
   }
   Fields lay(top.at("layout"), what, "layout");
-  m.worldSize = static_cast<int>(std::min<int64_t>(lay.i64("world_size", 1), 1 << 20));
-  m.spSize = static_cast<int>(std::min<int64_t>(lay.i64("sequence_parallel_size", 1), 1 << 20));
-  m.zeroStage = static_cast<int>(std::min<int64_t>(lay.i64("zero_stage"), 3));
+  m.worldSize = static_cast<int>(lay.i64("world_size", 1, 1 << 20));
+  m.spSize = static_cast<int>(lay.i64("sequence_parallel_size", 1, 1 << 20));
+  m.zeroStage = static_cast<int>(lay.i64("zero_stage", 0, 3));
   m.partitioned = lay.boolean("partitioned");
   LT_CHECK(m.worldSize % m.spSize == 0, what, ": world_size ", m.worldSize, " is not a multiple of sequence_parallel_size ",
            m.spSize);
@@ -220,7 +225,7 @@ Manifest parseManifest(const std::string& text, const std::string& what) {
     r.name = f.str("name");
     LT_CHECK(!r.name.empty() && r.name.find('/') == std::string::npos && r.name != "." && r.name != "..", what,
              ": file name '", r.name, "' must be a plain name inside the checkpoint directory");
-    r.bytes = f.i64("bytes");
+    r.bytes = f.i64("bytes", 0, int64_t{1} << 50);
     std::string c = f.str("crc32c");
     LT_CHECK(c.size() == 8 && c.find_first_not_of("0123456789abcdef") == std::string::npos, what, ": file '", r.name,
              "': crc32c '", c, "' is not 8 hex digits");
