@@ -27,14 +27,7 @@ fs::path freshDir(const std::string& name) {
   return d;
 }
 
-std::string errorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lt::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using lt::testing::errorOf;
 
 // ------------------------------------------------------------------------------ crc, safetensors
 TEST(Crc32c, KnownValueAndChunking) {

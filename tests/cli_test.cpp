@@ -12,35 +12,18 @@
 
 #include "longtrain/ckpt/safetensors.h"
 
+#include "testing.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-struct Result {
-  int code;
-  std::string out;
-  double seconds;
-};
-
-// Runs a shell command with stdout+stderr captured; `timeout` guards the test from a hang.
-Result sh(const std::string& cmd) {
-  auto t0 = std::chrono::steady_clock::now();
-  FILE* p = popen(("timeout 120 " + cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out,
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
-}
+using Result = lt::testing::CommandResult;
+Result sh(const std::string& cmd) { return lt::testing::runCommand(cmd); }
 
 fs::path writeConfig(const std::string& name, const json& j) {
-  auto dir = fs::temp_directory_path() / "longtrain_cli_test";
-  fs::create_directories(dir);
-  auto p = dir / name;
-  std::ofstream(p) << j.dump(2);
-  return p;
+  return lt::testing::writeJsonFile("longtrain_cli_test", name, j);
 }
 
 json tinyConfig() {

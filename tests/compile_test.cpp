@@ -53,14 +53,7 @@ TEST_P(PassEquivalence, LossesBitIdenticalToNoPass) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, PassEquivalence, ::testing::Values(2, 4));
 
-std::string errorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lt::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using lt::testing::errorOf;
 
 TEST(PassContracts, RequirementsAndConflicts) {
   auto e = errorOf([] { validatePasses({"prefetch", "zero3"}, 5); });

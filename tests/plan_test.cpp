@@ -14,6 +14,8 @@
 #include "longtrain/plan/memory_model.h"
 #include "longtrain/train/config.h"
 
+#include "testing.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -149,25 +151,11 @@ TEST(Plan, ParseBytes) {
   }
 }
 
-struct Result {
-  int code;
-  std::string out;
-};
-Result sh(const std::string& cmd) {
-  FILE* p = popen(("timeout 120 " + cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using Result = lt::testing::CommandResult;
+Result sh(const std::string& cmd) { return lt::testing::runCommand(cmd); }
 
 fs::path writeConfig(const std::string& name, const json& j) {
-  auto dir = fs::temp_directory_path() / "longtrain_plan_test";
-  fs::create_directories(dir);
-  auto p = dir / name;
-  std::ofstream(p) << j.dump(2);
-  return p;
+  return lt::testing::writeJsonFile("longtrain_plan_test", name, j);
 }
 
 const std::string kBin = LONGTRAIN_BIN;

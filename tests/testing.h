@@ -7,7 +7,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -43,6 +49,42 @@ inline nlohmann::json tinyTrainConfig() {
              "kv": {"num_pairs": 4, "num_queries": 4, "num_keys": 16, "num_values": 8, "num_noise": 8}},
     "train": {"steps": 3}
   })");
+}
+
+// The message of the lt::Error `f` throws ("" when it throws none).
+inline std::string errorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const lt::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A shell command run with stdout and stderr captured; `timeout 120` guards against a hang.
+struct CommandResult {
+  int code;  // exit status (-1 if killed by a signal)
+  std::string out;
+  double seconds;
+};
+inline CommandResult runCommand(const std::string& cmd) {
+  auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen(("timeout 120 " + cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+// Writes `j` to <temp>/<dir>/<name> (the directory is created) and returns the path.
+inline std::filesystem::path writeJsonFile(const std::string& dir, const std::string& name, const nlohmann::json& j) {
+  auto d = std::filesystem::temp_directory_path() / dir;
+  std::filesystem::create_directories(d);
+  auto p = d / name;
+  std::ofstream(p) << j.dump(2);
+  return p;
 }
 
 // max |a - b| / max |b| over all elements (0 when both are zero).
