@@ -20,12 +20,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using lt::testing::Tol;
 
-fs::path freshDir(const std::string& name) {
-  auto d = fs::temp_directory_path() / "longtrain_ckpt_test" / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path freshDir(const std::string& name) { return lt::testing::freshTempDir(fs::path("longtrain_ckpt_test") / name); }
 
 using lt::testing::errorOf;
 

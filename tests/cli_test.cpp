@@ -129,9 +129,7 @@ std::vector<double> lossesOf(const fs::path& jsonl) {
 }
 
 TEST(Cli, ResumeContinuesBitExactly) {
-  auto dir = fs::temp_directory_path() / "longtrain_cli_test" / "resume";
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  auto dir = lt::testing::freshTempDir(fs::path("longtrain_cli_test") / "resume");
   auto cfg = checkpointConfig("resume.json", dir / "ckpt");
   auto full = sh(kBin + " train " + cfg.string() + " --nproc 2 --metrics " + (dir / "full.jsonl").string());
   ASSERT_EQ(full.code, 0) << full.out;
@@ -163,9 +161,7 @@ TEST(Cli, ResumeContinuesBitExactly) {
 // the launcher restarts the job, which resumes from the newest complete checkpoint and ends
 // with the final loss of an uninterrupted run.
 TEST(Cli, RestartAfterAKilledRankFinishesWithTheSameLoss) {
-  auto dir = fs::temp_directory_path() / "longtrain_cli_test" / "restart";
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  auto dir = lt::testing::freshTempDir(fs::path("longtrain_cli_test") / "restart");
   auto cfg = checkpointConfig("restart.json", dir / "ref");
   auto ref = sh(kBin + " train " + cfg.string() + " --nproc 2 --metrics " + (dir / "ref.jsonl").string());
   ASSERT_EQ(ref.code, 0) << ref.out;

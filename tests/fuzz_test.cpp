@@ -164,8 +164,7 @@ TEST(Fuzz, ConfigParser) {
 TEST(Fuzz, ManifestReader) {
   Tally t{"manifest"};
   // A real manifest of a ZeRO-3 checkpoint at world 2.
-  auto root = fs::temp_directory_path() / "longtrain_fuzz" / "manifest";
-  fs::remove_all(root);
+  auto root = lt::testing::freshTempDir(fs::path("longtrain_fuzz") / "manifest");
   json cfg = lt::testing::tinyTrainConfig();
   cfg["zero_optimization"] = {{"stage", 3}};
   lt::testing::runRanks(2, 1, [&](int, lt::comm::Groups& g) {

@@ -78,6 +78,14 @@ inline CommandResult runCommand(const std::string& cmd) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
 }
 
+// <temp>/<path>, emptied: removed if present, then created.
+inline std::filesystem::path freshTempDir(const std::filesystem::path& path) {
+  auto d = std::filesystem::temp_directory_path() / path;
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
 // Writes `j` to <temp>/<dir>/<name> (the directory is created) and returns the path.
 inline std::filesystem::path writeJsonFile(const std::string& dir, const std::string& name, const nlohmann::json& j) {
   auto d = std::filesystem::temp_directory_path() / dir;
