@@ -4,7 +4,7 @@
 # packages that are missing.
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build ccache pkg-config
-      libtorch-dev libgloo-dev libopenblas0-openmp
+      libtorch-dev libgloo-dev libopenblas0-openmp libgoogle-perftools-dev
       nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
       libgtest-dev libgmock-dev libbenchmark-dev)
 missing=()

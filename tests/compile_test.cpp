@@ -22,6 +22,7 @@ json compileConfig() {
   j["zero_optimization"] = {{"stage", 3}, {"sub_group_size", 3000}, {"stage3_param_persistence_threshold", 0}};
   j["compile"] = {{"deepcompile", true}};
   j["train"]["steps"] = 5;
+  j["activation_checkpointing"] = "all";  // the passes rewrite checkpointed blocks (Forward/RecomputeBackward)
   return j;
 }
 
@@ -49,6 +50,24 @@ TEST_P(PassEquivalence, LossesBitIdenticalToNoPass) {
   }
   auto dflt = runSchedule(compileConfig(), json(), world);  // DeepSpeed's default schedule
   EXPECT_EQ(dflt.losses, ref.losses);
+}
+
+// Blocks that keep their graph stay gathered from ForwardGraph to Backward; the passes
+// around them (prefetch of the others, selective_gather) stay bit-neutral, and the result
+// equals the checkpointed program's bit for bit.
+TEST_P(PassEquivalence, KeptGraphsBitIdenticalToRecompute) {
+  at::set_num_threads(1);
+  const int world = GetParam();
+  auto ref = runSchedule(compileConfig(), json::parse(R"([[0, ["zero3"]]])"), world);
+  json keep = compileConfig();
+  keep["activation_checkpointing"] = "none";
+  for (const char* sched : {R"([[0, ["zero3"]]])", R"([[0, ["zero3", "prefetch", "selective_gather", "free_activations"]]])"}) {
+    auto got = runSchedule(keep, json::parse(sched), world);
+    EXPECT_NE(got.program.find("ForwardGraph(0)"), std::string::npos) << got.program;
+    EXPECT_EQ(got.program.find("RecomputeBackward"), std::string::npos) << got.program;
+    EXPECT_EQ(got.losses, ref.losses) << sched;
+    for (size_t i = 0; i < ref.params.size(); ++i) EXPECT_TRUE(at::equal(got.params[i], ref.params[i])) << sched;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, PassEquivalence, ::testing::Values(2, 4));

@@ -21,6 +21,7 @@
 
 #include "longtrain/ckpt/safetensors.h"
 #include "longtrain/core/check.h"
+#include "longtrain/core/trace.h"
 #include "longtrain/core/crc32c.h"
 #include "longtrain/train/engine.h"
 
@@ -367,6 +368,7 @@ void writeSnapshot(const Snapshot& s, const StageHook& hook, const std::atomic<b
 
 std::string save(train::Engine& e, const std::string& root, int64_t keepLast, const StageHook& hook,
                  const std::string& runId) {
+  trace::Scope ts("checkpoint", "save (sync) to " + root);
   Snapshot s = takeSnapshot(e, root, keepLast, runId, /*copy=*/false);
   auto world = e.groups().world;
   writeSnapshot(s, hook, nullptr, [&] { return world->diagnoseFailure(); });
@@ -382,8 +384,14 @@ AsyncSaver::~AsyncSaver() {
 std::string AsyncSaver::save(train::Engine& e, const std::string& root, int64_t keepLast, const StageHook& hook,
                              const std::string& runId) {
   wait();
-  auto s = std::make_shared<Snapshot>(takeSnapshot(e, root, keepLast, runId, /*copy=*/true));
+  std::shared_ptr<Snapshot> s;
+  {
+    trace::Scope ts("checkpoint", "snapshot copy (async save)");
+    s = std::make_shared<Snapshot>(takeSnapshot(e, root, keepLast, runId, /*copy=*/true));
+  }
   thread_ = std::thread([this, s, hook] {
+    trace::nameThread("checkpoint writer");
+    trace::Scope ts("checkpoint", "write (async) " + s->dir.string());
     // Below the trainer's threads: on a machine without a spare core the write should
     // take the idle time, not steal compute (Linux: nice is per thread).
     ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);

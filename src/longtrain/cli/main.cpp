@@ -18,8 +18,11 @@
 #include "longtrain/comm/comm.h"
 #include "longtrain/comm/launch.h"
 #include "longtrain/core/check.h"
+#include "longtrain/core/cpu.h"
+#include "longtrain/core/memory.h"
 #include "longtrain/plan/memory_model.h"
 #include "longtrain/train/config.h"
+#include "longtrain/train/machine.h"
 #include "longtrain/train/trainer.h"
 
 namespace {
@@ -65,8 +68,14 @@ int cmdPlan(const std::string& configPath, int nprocFlag, const std::vector<std:
   std::printf("      attention_chunk %lld, loss_chunk %lld, tiled_mlp %s\n", (long long)m.attentionChunk,
               (long long)m.lossChunk, m.tiledMlp ? "true" : "false");
   if (maxSeq.empty()) {
+    const int64_t acBudget = lt::plan::memoryBudgetFor(cfg, world);
+    const int k = lt::plan::graphBlocksFor(cfg, world, acBudget);
     std::printf("seq_len %lld\n", (long long)cfg.data.seqLen);
-    printBreakdown(lt::plan::predictPeak(cfg, world));
+    std::printf("activation_checkpointing \"%s\": %d of %lld blocks keep their graph, %lld recomputed "
+                "(budget %.0f MiB/rank%s)\n",
+                cfg.activationCheckpointing.c_str(), k, (long long)m.layers, (long long)(m.layers - k), mib(acBudget),
+                cfg.train.memoryBudget > 0 ? ", train.memory_budget" : ": 90% of this host's available memory / ranks");
+    printBreakdown(lt::plan::predictPeak(cfg, world, k));
     return 0;
   }
   auto longest = [&](const lt::train::Config& c, int w, std::string* peak) {
@@ -102,7 +111,7 @@ int cmdPlan(const std::string& configPath, int nprocFlag, const std::vector<std:
 }
 
 struct TrainFlags {
-  std::string config, metrics, resume;
+  std::string config, metrics, resume, trace;
   bool resumeGiven = false, printProgram = false;
   int nproc = 0;  // 0: the config's train.nproc
   int maxRestarts = 0;
@@ -151,8 +160,10 @@ int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
   } else {
     groups = lt::comm::makeGroups(rv.store, rv.rank, rv.size, cfg.sequenceParallelSize, co, rv.heartbeatStore);
   }
+  if (cfg.train.memoryBudget == 0) cfg.train.memoryBudget = lt::plan::memoryBudgetFor(cfg, rv.localSize);
   lt::train::TrainOptions to;
   to.metricsPath = fl.metrics;
+  to.tracePath = fl.trace;
   to.printProgram = fl.printProgram;
   to.resume = resume;
   // Fault injection (tests) fires on the first attempt only, so a restarted job can finish.
@@ -180,6 +191,24 @@ int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
   return 0;
 }
 
+// `longtrain info`: what a run would get on this machine, and whether its GEMM computes right.
+int cmdInfo(int threads) {
+  at::set_num_threads(threads > 0 ? threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  const auto isa = lt::cpuIsa();
+  const auto blas = lt::blasKernelReport();
+  std::printf("cpu: %s%s\n", isa.name().c_str(), isa.amd ? " (AMD)" : "");
+  std::printf("blas: core=%s  %s\n", blas.core.empty() ? "unknown" : blas.core.c_str(), blas.describe().c_str());
+  if (const std::string c = lt::blasConfig(); !c.empty()) std::printf("blas config: %s\n", c.c_str());
+  std::printf("allocator: %s\n", lt::allocatorName().c_str());
+  std::printf("threads: %d\n", at::get_num_threads());
+  std::printf("gemm peak: %.1f GFLOP/s (fp32, 1024^3, best of several)\n", lt::train::measureGemmPeakFlops() / 1e9);
+  const double err = lt::train::blasRelativeError();
+  std::printf("gemm relative error: %.3g (against a double-precision loop; fp32 expects < 1e-5)\n", err);
+  LT_CHECK(err < 1e-5, "the BLAS kernel ", blas.core, " computes wrong results here (relative error ", err,
+           "); set OPENBLAS_CORETYPE to an older kernel (e.g. Haswell or Prescott)");
+  return 0;
+}
+
 int cmdExport(const std::string& path, const std::string& out) {
   lt::ckpt::Checkpoint c(lt::ckpt::resolve(path));
   lt::ckpt::exportModel(c, out);
@@ -193,6 +222,7 @@ int cmdExport(const std::string& path, const std::string& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  lt::ensureBestBlasKernel(argv);  // may re-execute this program once, before anything runs
   CLI::App app{"longtrain: long-sequence transformer training (Ulysses SP, ZeRO-3/SuperOffload, compile passes)"};
   app.require_subcommand(1);
   auto* train = app.add_subcommand("train", "train a model from a JSON config (DeepSpeed key names)");
@@ -206,6 +236,8 @@ int main(int argc, char** argv) {
   train->add_option("--metrics", fl.metrics, "write one JSON object per optimizer step to this file (rank 0; "
                                              "appended to when resuming)");
   train->add_flag("--print-program", fl.printProgram, "print the step program before training");
+  train->add_option("--trace", fl.trace, "write a Chrome trace-event JSON of every rank (program instructions, "
+                                         "collectives, SuperOffload Adam steps, checkpoint writes; open in Perfetto)");
   auto* resumeOpt = train->add_option("--resume", fl.resume, "resume from a checkpoint: a step directory, or a root "
                                                              "(its newest complete checkpoint); default: "
                                                              "train.checkpoint.dir")
@@ -229,6 +261,10 @@ int main(int argc, char** argv) {
   plan->add_option("--set", planSets, "override a config key by its dotted path with a JSON value (repeatable)");
   plan->add_option("--max-seq", maxSeq, "per-rank byte budget (4GiB, 512MiB, 1.5GB or plain bytes): print the "
                                         "longest seq_len that fits, and the ablation ladder's");
+  auto* info = app.add_subcommand("info", "print the CPU, the BLAS kernel and allocator a run gets, the measured "
+                                          "GEMM peak, and check the kernel's numerics");
+  int infoThreads = 0;
+  info->add_option("--threads", infoThreads, "intra-op threads (default: every core, as one rank trains)")->check(CLI::Range(1, 1024));
   CLI11_PARSE(app, argc, argv);
   // Flush subnormals to zero before any thread pool exists (new threads inherit the mode):
   // training drives some values (softmax tails, Adam's v) subnormal, and x86 then runs
@@ -241,6 +277,7 @@ int main(int argc, char** argv) {
       return cmdTrain(argc, argv, fl);
     }
     if (*exp) return cmdExport(ckptPath, outPath);
+    if (*info) return cmdInfo(infoThreads);
     if (*plan) return cmdPlan(planConfig, planNproc, planSets, maxSeq);
   } catch (const std::exception& e) {
     if (std::getenv("WORLD_SIZE")) std::fprintf(stderr, "longtrain: error on rank %d: %s\n", rank, e.what());

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/trace.h"
 #include "longtrain/core/strings.h"
 
 namespace lt::comm {
@@ -63,6 +64,7 @@ Work::Work(c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish, const
     : work_(std::move(w)), finish_(std::move(finish)), comm_(comm), what_(std::move(what)) {}
 
 void Work::wait() {
+  trace::Scope ts("collective", work_ && trace::enabled() ? what_ + " (" + comm_->name() + ")" : std::string());
   if (work_) {
     auto w = std::move(work_);
     try {

@@ -1,5 +1,6 @@
-// The interpreter of the step program. Memory: at most one block's recompute graph is alive
-// at a time, plus the kept block inputs (freed as backward passes them).
+// The interpreter of the step program. Memory: the kept block inputs (freed as backward
+// passes them), the graphs of the blocks that keep theirs (ForwardGraph to Backward), and at
+// most one block's recompute graph at a time.
 #include "longtrain/compile/executor.h"
 
 #include <ATen/ATen.h>
@@ -7,6 +8,7 @@
 #include <chrono>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/trace.h"
 
 namespace lt::compile {
 
@@ -18,6 +20,8 @@ MicroBatchStats Executor::run(const Program& p, const data::Batch& batch, const 
   const int L = model_.numBlocks();
   std::vector<at::Tensor> kept(L + 1);  // kept[b] = input of block b; kept[L] = final hidden
   std::vector<char> offloaded(L + 1, 0);
+  // Blocks run by ForwardGraph: the input leaf (its grad is dL/dx_b) and the output with its graph.
+  std::vector<at::Tensor> graphIn(L), graphOut(L);
   at::Tensor grad;                      // dLoss/d(current activation)
   MicroBatchStats st;
   auto keptBytes = [&](bool host) {
@@ -33,6 +37,7 @@ MicroBatchStats Executor::run(const Program& p, const data::Batch& batch, const 
   }
   for (size_t pc = 0; pc < p.code.size(); ++pc) {
     const Instr& in = p.code[pc];
+    trace::Scope ts("program", trace::enabled() ? p.listingOf(pc) : std::string());
     auto t0 = std::chrono::steady_clock::now();
     const int64_t gatheredBefore = hooks_.gatheredBytes ? hooks_.gatheredBytes() : 0;
     if (o.profile) o.profile->instrs[pc].liveBefore = live();
@@ -57,6 +62,20 @@ MicroBatchStats Executor::run(const Program& p, const data::Batch& batch, const 
         grad = lossAndGrad(kept[L], batch.shift_labels, o.gradScale / o.lossDenominator, true, st);
         kept[L] = at::Tensor();
         break;
+      case OpCode::OpForwardGraph: {
+        // The same ops on the same values as RecomputeBackward's recompute: bit-identical.
+        graphIn[in.group] = kept[in.group].detach().requires_grad_(true);
+        graphOut[in.group] = model_.block(in.group, graphIn[in.group], batch.position_ids, attn_);
+        kept[in.group + 1] = graphOut[in.group].detach();
+        break;
+      }
+      case OpCode::OpBackward: {
+        LT_ASSERT(graphOut[in.group].defined(), "Backward(", in.group, ") without its ForwardGraph");
+        graphOut[in.group].backward(grad);
+        grad = graphIn[in.group].grad();
+        graphIn[in.group] = graphOut[in.group] = at::Tensor();  // the graph goes with them
+        break;
+      }
       case OpCode::OpRecomputeBackward: {
         auto x = kept[in.group].detach().requires_grad_(true);
         auto y = model_.block(in.group, x, batch.position_ids, attn_);
@@ -116,7 +135,8 @@ MicroBatchStats Executor::evaluate(const Program& p, const data::Batch& batch) {
     if (in.op == OpCode::OpGather && hooks_.gather) hooks_.gather(in.group);
     else if (in.op == OpCode::OpPrefetch && hooks_.prefetch) hooks_.prefetch(in.group);
     else if (in.op == OpCode::OpEmbed) x = model_.embed(batch.input_ids);
-    else if (in.op == OpCode::OpForward) x = model_.block(in.group, x, batch.position_ids, attn_);
+    else if (in.op == OpCode::OpForward || in.op == OpCode::OpForwardGraph)
+      x = model_.block(in.group, x, batch.position_ids, attn_);
     else if (in.op == OpCode::OpLossAndGrad) {
       lossAndGrad(x, batch.shift_labels, 0, false, st);
       backwardHalf = true;

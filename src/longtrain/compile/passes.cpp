@@ -13,18 +13,22 @@ namespace {
 
 bool isCompute(OpCode op) {
   return op == OpCode::OpEmbed || op == OpCode::OpForward || op == OpCode::OpLossAndGrad ||
-         op == OpCode::OpRecomputeBackward;
+         op == OpCode::OpRecomputeBackward || op == OpCode::OpForwardGraph || op == OpCode::OpBackward;
 }
 
 // zero3: gather each group right before an instruction that reads it, release right after.
+// A block whose graph is kept stays gathered from its ForwardGraph to its Backward: the
+// graph saved the parameter tensors themselves, and a release would empty them under it.
 Program passZero3(const Program& p, const PassContext& c) {
   Program z;
   for (const auto& in : p.code) {
     LT_ASSERT(in.op != OpCode::OpGather && in.op != OpCode::OpRelease, "zero3 applied twice");
     auto used = paramGroupsUsed(in, c.numBlocks, c.tiedEmbeddings);
-    for (int g : used) z.code.push_back({OpCode::OpGather, g});
+    if (in.op != OpCode::OpBackward)
+      for (int g : used) z.code.push_back({OpCode::OpGather, g});
     z.code.push_back(in);
-    for (auto it = used.rbegin(); it != used.rend(); ++it) z.code.push_back({OpCode::OpRelease, *it});
+    if (in.op != OpCode::OpForwardGraph)
+      for (auto it = used.rbegin(); it != used.rend(); ++it) z.code.push_back({OpCode::OpRelease, *it});
   }
   return z;
 }
@@ -114,18 +118,20 @@ Program passSelectiveGather(const Program& p, const PassContext& c) {
   return out;
 }
 
-// free_activations: free each kept block input right after its last use (its recompute).
+// free_activations: free each kept block input (and kept graph) right after its last use.
 Program passFreeActivations(const Program& p, const PassContext&) {
   Program out;
   for (const auto& in : p.code) {
     out.code.push_back(in);
-    if (in.op == OpCode::OpRecomputeBackward) out.code.push_back({OpCode::OpFreeActivation, in.group});
+    if (in.op == OpCode::OpRecomputeBackward || in.op == OpCode::OpBackward)
+      out.code.push_back({OpCode::OpFreeActivation, in.group});
   }
   return out;
 }
 
 // offload_activations: after Forward(b) the input of block b goes to host memory; it comes
-// back just before block b's backward (before its gather, so the copy overlaps it).
+// back just before block b's backward (before its gather, so the copy overlaps it). Blocks
+// that keep their graph are left alone: the graph holds the input anyway.
 Program passOffloadActivations(const Program& p, const PassContext&) {
   Program out;
   for (size_t i = 0; i < p.code.size(); ++i) {

@@ -1,8 +1,9 @@
 // The step program (DESIGN.md): one micro-batch's forward, loss and backward as an explicit
 // list of instructions over parameter groups (blocks 0..L-1, head L, embed L+1), plus the
 // gradient reduction and optimizer step at the accumulation boundary. Compile passes rewrite
-// this list; the executor runs it. Block activations are checkpointed: Forward keeps only
-// each block's input, RecomputeBackward recomputes the block with grad and backpropagates.
+// this list; the executor runs it. Each block either is checkpointed (Forward keeps only its
+// input, RecomputeBackward recomputes it with grad and backpropagates) or keeps its autograd
+// graph from forward (ForwardGraph, then Backward without recompute): `activation_checkpointing`.
 #pragma once
 #include <string>
 #include <vector>
@@ -23,6 +24,8 @@ enum class OpCode {
   OpFreeActivation,     // free the kept input of block g (after its last use)
   OpOffloadActivation,  // move the kept input of block g to host memory
   OpReloadActivation,   // bring it back before its use
+  OpForwardGraph,       // x_{g+1} = block_g(x_g) with grad; the block's autograd graph is kept
+  OpBackward,           // backprop dL/dx_{g+1} through block g's kept graph (no recompute)
 };
 
 struct Instr {
@@ -32,15 +35,19 @@ struct Instr {
 
 struct Program {
   std::vector<Instr> code;
-  std::string listing() const;  // one instruction per line, e.g. "Forward(3)"
+  std::string listing() const;         // one instruction per line, e.g. "Forward(3)"
+  std::string listingOf(size_t pc) const;  // instruction pc alone, e.g. "Forward(3)"
 };
 
 const char* opName(OpCode op);
 
 // The base program for `numBlocks` blocks (head group = numBlocks, embed = numBlocks + 1):
 // no Gather/Release (the `zero3` pass inserts them) and kept activations live until the end
-// of the micro-step (the `free_activations` pass frees each after its last use).
-Program baseProgram(int numBlocks);
+// of the micro-step (the `free_activations` pass frees each after its last use). The last
+// `graphBlocks` blocks keep their autograd graph (ForwardGraph/Backward); the others are
+// recomputed. Keeping the last ones frees their graphs first in backward, before any
+// recompute runs, so the peak is the same as for any other choice of as many blocks.
+Program baseProgram(int numBlocks, int graphBlocks = 0);
 
 // Groups each instruction reads parameters of (empty for none): where `zero3` gathers. With
 // tiedEmbeddings the loss also reads the embed group.

@@ -1,8 +1,13 @@
 // Reads VmHWM / VmRSS from /proc/self/status; returns -1 where they cannot be read.
+// The allocator is named by a symbol only it exports, looked up at run time.
 #include "longtrain/core/memory.h"
 
+#include <dlfcn.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 namespace lt {
 namespace {
@@ -31,5 +36,45 @@ int64_t peakRssBytes() {
 int64_t currentRssBytes() {
   int64_t kb = readStatusKb("VmRSS");
   return kb < 0 ? -1 : kb * 1024;
+}
+namespace {
+// The first integer in a file ("max" and unreadable files give -1).
+int64_t readIntFile(const char* path) {
+  FILE* f = std::fopen(path, "r");
+  if (!f) return -1;
+  long long v = -1;
+  if (std::fscanf(f, "%lld", &v) != 1) v = -1;
+  std::fclose(f);
+  return v;
+}
+int64_t memAvailableBytes() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return -1;
+  char line[256];
+  int64_t kb = -1;
+  while (std::fgets(line, sizeof line, f))
+    if (long long v = 0; std::sscanf(line, "MemAvailable: %lld kB", &v) == 1) kb = v;
+  std::fclose(f);
+  return kb < 0 ? -1 : kb * 1024;
+}
+}  // namespace
+
+int64_t rankMemoryLimitBytes(int localRanks) {
+  int64_t avail = memAvailableBytes();
+  if (avail < 0) return -1;
+  const std::pair<const char*, const char*> cgroups[] = {
+      {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+      {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+  for (const auto& [limitPath, usePath] : cgroups) {
+    const int64_t limit = readIntFile(limitPath), use = readIntFile(usePath);
+    if (limit > 0 && use >= 0 && limit < (int64_t{1} << 60)) avail = std::min(avail, std::max<int64_t>(0, limit - use));
+  }
+  return avail / (localRanks > 0 ? localRanks : 1);
+}
+
+std::string allocatorName() {
+  if (dlsym(RTLD_DEFAULT, "tc_version")) return "tcmalloc";
+  if (dlsym(RTLD_DEFAULT, "mallctl")) return "jemalloc";
+  return "glibc";
 }
 }  // namespace lt

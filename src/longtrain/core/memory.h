@@ -2,8 +2,16 @@
 // Ranks that are threads share one process, so these are per process, not per thread-rank.
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace lt {
 int64_t peakRssBytes();
 int64_t currentRssBytes();
+// The malloc this process runs: "tcmalloc", "jemalloc" or "glibc" (found by their symbols,
+// so an LD_PRELOAD counts too).
+std::string allocatorName();
+// Memory one of `localRanks` ranks on this host may use: the smaller of MemAvailable and
+// the cgroup's limit (v2 memory.max, v1 limit_in_bytes) less the cgroup's current use,
+// divided among the local ranks; -1 where /proc/meminfo cannot be read.
+int64_t rankMemoryLimitBytes(int localRanks);
 }  // namespace lt

@@ -1,7 +1,12 @@
-// Edit distance by the two-row dynamic program; inputs here are short names.
+// Edit distance by the two-row dynamic program; inputs here are short names. Byte sizes
+// accept both binary and decimal units, since users write both.
 #include "longtrain/core/strings.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
+
+#include "longtrain/core/check.h"
 
 namespace lt {
 
@@ -26,5 +31,39 @@ std::string closestName(const std::string& name, const std::vector<std::string>&
 }
 
 std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+namespace {
+constexpr double kMiBytes = 1024.0 * 1024.0;
+}  // namespace
+
+int64_t parseByteSize(const std::string& text, const std::string& what) {
+  auto bad = [&](const std::string& why) {
+    LT_CHECK(false, what, ": cannot read '", text, "' as a byte budget (", why,
+             "); expected a number with an optional unit, e.g. 4GiB, 512MiB, 1.5GB or 1000000");
+  };
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == 0) bad("no number");
+  const std::string num = text.substr(0, i);
+  if (std::count(num.begin(), num.end(), '.') > 1) bad("malformed number");
+  char* end = nullptr;
+  double v = std::strtod(num.c_str(), &end);
+  if (end != num.c_str() + num.size()) bad("malformed number");
+  std::string unit = text.substr(i);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
+  for (auto& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  double mult = 0;
+  const std::pair<const char*, double> units[] = {
+      {"", 1},          {"b", 1},          {"k", 1024.0},       {"kib", 1024.0},     {"kb", 1e3},
+      {"m", kMiBytes},      {"mib", kMiBytes},     {"mb", 1e6},         {"g", kMiBytes * 1024},  {"gib", kMiBytes * 1024},
+      {"gb", 1e9},      {"t", kMiBytes * kMiBytes}, {"tib", kMiBytes * kMiBytes}, {"tb", 1e12}};
+  for (const auto& [name, m] : units)
+    if (unit == name) mult = m;
+  if (mult == 0) bad("unknown unit '" + text.substr(i) + "'");
+  const double bytes = v * mult;
+  if (!(bytes >= 1)) bad("not a positive size");
+  if (bytes > 9.0e18) bad("too large");
+  return static_cast<int64_t>(bytes);
+}
 
 }  // namespace lt

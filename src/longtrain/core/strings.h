@@ -1,5 +1,6 @@
 // Small string helpers shared by the error messages of several modules.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -12,5 +13,9 @@ size_t editDistance(const std::string& a, const std::string& b);
 std::string closestName(const std::string& name, const std::vector<std::string>& candidates);
 // The first line of an exception message (c10 errors append a backtrace).
 std::string firstLine(const std::string& s);
+// "4GiB", "512MiB", "1.5GB", "1000000" -> bytes. Suffixes: B, KiB, MiB, GiB, TiB (powers of
+// 1024), KB, MB, GB, TB (powers of 1000), K/M/G/T as the binary ones; case-insensitive.
+// An unparsable or non-positive value is an lt::Error naming `what` and the value.
+int64_t parseByteSize(const std::string& text, const std::string& what);
 
 }  // namespace lt

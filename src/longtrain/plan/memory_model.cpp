@@ -11,6 +11,8 @@
 #include <cstdlib>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/memory.h"
+#include "longtrain/core/strings.h"
 
 namespace lt::plan {
 
@@ -20,10 +22,11 @@ constexpr double kF = 4;  // bytes per fp32 element
 constexpr double kMiB = 1024.0 * 1024.0;
 
 // Process baseline: peak RSS of a 2-layer, hidden-32, 64-token run (0.04M parameters, so its
-// tensors are < 1 MiB), measured with `longtrain train` on this build: 167.8-169.2 MiB for
-// 1, 2 and 4 process ranks and 1 or 2 threads. libtorch's code and data, OpenMP and Gloo
-// threads, glibc arenas.
+// tensors are < 1 MiB), measured with `longtrain train`: libtorch's code and data, OpenMP and
+// Gloo threads, the allocator's own arenas. With glibc malloc: 167.8-169.2 MiB for 1, 2 and 4
+// process ranks and 1 or 2 threads; with tcmalloc (what longtrain links): 185.9-186.9 MiB.
 constexpr double kBaselineBytes = 168.5 * kMiB;
+constexpr double kBaselineTcmallocBytes = 186.0 * kMiB;
 
 // Allocator retention. glibc serves a block below its mmap threshold from its heap and
 // keeps it after free; the threshold rises with use to at most 32 MiB, so blocks of 32 MiB
@@ -35,6 +38,10 @@ constexpr double kBaselineBytes = 168.5 * kMiB;
 // accuracy"); with a fixed 1 MiB mmap threshold (MALLOC_MMAP_THRESHOLD_, little retention)
 // the live bytes alone came within 1% and 5% of the measured peak on two of them. (That
 // setting is not the default: it made chunked attention's steps 3x slower here.)
+// tcmalloc keeps freed spans in its page heap and serves later requests from them, returning
+// little to the OS within a step: RSS at the peak is the baseline plus the largest live set of
+// any phase. Fitted on bench/plan_accuracy.sh's 13 configs: measured/predicted live bytes
+// 0.92-1.16 with no retention term (README, "plan accuracy").
 constexpr double kMmapCeiling = 32 * kMiB;
 constexpr double kHeapFragmentation = 0.8;
 
@@ -99,8 +106,9 @@ struct Phase {
 //   uD = [B, S/P, D]; uKV = [B, S/P, KV*Dh]; uF = [B, S/P, F];
 //   uA = [B, H/P, S, S] (naive scores); uC = [B, H/P, c, c] (one chunked-attention tile).
 // Under Ulysses the attention core holds [B, S, H/P, Dh] per rank: the same bytes as uD.
-// Returns the larger of the MLP's and the attention's backward working sets.
-Bytes blockCost(const train::Config& c, const Dims& d, bool* attnPeak) {
+// Returns the larger of the MLP's and the attention's backward working sets; `saved` gets
+// what a block that keeps its graph holds from its forward to its backward (beyond its input).
+Bytes blockCost(const train::Config& c, const Dims& d, bool* attnPeak, Bytes* saved) {
   const double uD = d.B * d.s * d.D * kF, uKV = d.B * d.s * d.KV * d.Dh * kF, uF = d.B * d.s * d.F * kF;
   const double hP = d.H / d.P;
   // Saved by autograd for the attention half (model.cpp Model::block):
@@ -159,6 +167,8 @@ Bytes blockCost(const train::Config& c, const Dims& d, bool* attnPeak) {
   attnPhase.add(3, uD);  // y, the upstream gradient, d(x1)
   attnPhase.add(attnWork);
   *attnPeak = attnPhase.live() >= mlpPhase.live();
+  *saved = savedAttn;
+  saved->add(savedMlp);
   return *attnPeak ? attnPhase : mlpPhase;
 }
 
@@ -198,7 +208,8 @@ struct Prediction {
   double largeCount = 0;  // tensors at or above the mmap ceiling, over all phases
 };
 
-Prediction evaluate(const train::Config& c, int world) {
+// `graphBlocks`: how many of the last blocks keep their autograd graph (no recompute).
+Prediction evaluate(const train::Config& c, int world, int graphBlocks) {
   LT_CHECK(world >= 1 && world % c.sequenceParallelSize == 0, "plan: world size ", world,
            " is not a multiple of sequence_parallel_size=", c.sequenceParallelSize);
   const Dims d = dimsOf(c, world);
@@ -217,13 +228,19 @@ Prediction evaluate(const train::Config& c, int world) {
 
   std::vector<Phase> phases;
   bool attnPeak = false;
-  const Bytes block = blockCost(c, d, &attnPeak);
-  for (int b = static_cast<int>(d.L) - 1; b >= 0; --b) {
-    // RecomputeBackward(b): inputs of blocks 0..b are still kept (free_activations frees b after).
+  Bytes saved;
+  const Bytes block = blockCost(c, d, &attnPeak, &saved);
+  const int L = static_cast<int>(d.L), firstGraph = L - graphBlocks;
+  for (int b = L - 1; b >= 0; --b) {
+    // Backward of block b (its recompute, or its kept graph: the same working set): inputs of
+    // blocks 0..b are still kept (free_activations frees b after), and so are the graphs of
+    // the blocks before b that keep theirs (under ZeRO-3 with their parameters gathered).
+    const int graphsBefore = std::max(0, b - firstGraph);
     Phase p;
     p.acts.add(b + 1, uD);
     p.acts.add(1, batch);
-    p.params = params + (z3 ? d.blockN * kF : 0);  // ZeRO-3: block b gathered
+    for (int k = 0; k < graphsBefore; ++k) p.acts.add(saved);
+    p.params = params + (z3 ? (1 + graphsBefore) * d.blockN * kF : 0);  // ZeRO-3: block b gathered
     const double done = d.headN + (d.L - b) * d.blockN;  // gradients produced so far this step
     if (z3) p.grads = grads + std::min(done, sgFull) * kF;  // full gradients waiting in buckets
     else p.grads = grads + (d.W > 1 ? (done - d.blockN) * kF : 0);  // all-reduce buffers of finished groups
@@ -233,10 +250,11 @@ Prediction evaluate(const train::Config& c, int world) {
     phases.push_back(p);
   }
   {
-    Phase p;  // LossAndGrad: every block input and the final hidden state are kept
+    Phase p;  // LossAndGrad: every block input, the final hidden state and the kept graphs
     p.acts.add(d.L + 1, uD);
     p.acts.add(1, batch);
-    p.params = params + (z3 ? d.headN * kF : 0);
+    for (int k = 0; k < graphBlocks; ++k) p.acts.add(saved);
+    p.params = params + (z3 ? (d.headN + graphBlocks * d.blockN) * kF : 0);
     p.grads = grads + (z3 ? std::min(d.headN, sgFull) * kF : 0);
     p.optim = optim;
     p.transient = lossCost(c, d);
@@ -287,10 +305,12 @@ Prediction evaluate(const train::Config& c, int world) {
     small = std::max(small, p.acts.small + p.transient.small);
     largeCount += p.acts.largeCount + p.transient.largeCount;
   }
-  const double total = kBaselineBytes + held + (1 + kHeapFragmentation) * small;
+  const bool tcmalloc = allocatorName() == "tcmalloc";
+  const double baseline = tcmalloc ? kBaselineTcmallocBytes : kBaselineBytes;
+  const double total = tcmalloc ? baseline + top->live() : baseline + held + (1 + kHeapFragmentation) * small;
   Prediction out;
   auto& m = out.breakdown;
-  m.baseline = static_cast<int64_t>(kBaselineBytes);
+  m.baseline = static_cast<int64_t>(baseline);
   m.parameters = static_cast<int64_t>(top->params);
   m.gradients = static_cast<int64_t>(top->grads);
   m.optimizer = static_cast<int64_t>(top->optim);
@@ -305,7 +325,26 @@ Prediction evaluate(const train::Config& c, int world) {
 
 }  // namespace
 
-MemoryBreakdown predictPeak(const train::Config& c, int world) { return evaluate(c, world).breakdown; }
+MemoryBreakdown predictPeak(const train::Config& c, int world, int graphBlocks) {
+  LT_ASSERT(graphBlocks >= 0 && graphBlocks <= c.model.layers);
+  return evaluate(c, world, graphBlocks).breakdown;
+}
+
+int64_t memoryBudgetFor(const train::Config& c, int localRanks) {
+  if (c.train.memoryBudget > 0) return c.train.memoryBudget;
+  const int64_t limit = rankMemoryLimitBytes(localRanks);
+  return limit < 0 ? 0 : static_cast<int64_t>(0.9 * static_cast<double>(limit));
+}
+
+int graphBlocksFor(const train::Config& c, int world, int64_t budgetBytes) {
+  const int L = static_cast<int>(c.model.layers);
+  if (c.activationCheckpointing == "all") return 0;
+  if (c.activationCheckpointing == "none") return L;
+  LT_ASSERT(c.activationCheckpointing == "auto");
+  int k = 0;  // the peak grows with k: take the largest that fits (0 when none does)
+  while (k < L && evaluate(c, world, k + 1).breakdown.total() <= budgetBytes) ++k;
+  return k;
+}
 
 int64_t seqLenMultiple(const train::Config& c) { return c.sequenceParallelSize; }
 
@@ -317,9 +356,11 @@ int64_t minSeqLen(const train::Config& c) {
 int64_t maxSeqLen(const train::Config& cfg, int world, int64_t budgetBytes, int64_t cap) {
   const int64_t unit = seqLenMultiple(cfg);
   train::Config c = cfg;
+  // "auto" recomputes every block at the longest length that fits; "none" never does.
+  const int graphs = cfg.activationCheckpointing == "none" ? static_cast<int>(cfg.model.layers) : 0;
   auto at = [&](int64_t k) {  // k units of seq_len
     c.data.seqLen = k * unit;
-    return evaluate(c, world);
+    return evaluate(c, world, graphs);
   };
   const int64_t first = (minSeqLen(cfg) + unit - 1) / unit;  // the shortest valid length, in units
   const int64_t maxK = std::max(first, cap / unit);
@@ -361,35 +402,7 @@ int64_t maxSeqLen(const train::Config& cfg, int world, int64_t budgetBytes, int6
   return lo * unit;
 }
 
-int64_t parseBytes(const std::string& text) {
-  auto bad = [&](const std::string& why) {
-    LT_CHECK(false, "--max-seq: cannot read '", text, "' as a byte budget (", why,
-             "); expected a number with an optional unit, e.g. 4GiB, 512MiB, 1.5GB or 1000000");
-  };
-  size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
-  if (i == 0) bad("no number");
-  const std::string num = text.substr(0, i);
-  if (std::count(num.begin(), num.end(), '.') > 1) bad("malformed number");
-  char* end = nullptr;
-  double v = std::strtod(num.c_str(), &end);
-  if (end != num.c_str() + num.size()) bad("malformed number");
-  std::string unit = text.substr(i);
-  while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
-  for (auto& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  double mult = 0;
-  const std::pair<const char*, double> units[] = {
-      {"", 1},          {"b", 1},          {"k", 1024.0},       {"kib", 1024.0},     {"kb", 1e3},
-      {"m", kMiB},      {"mib", kMiB},     {"mb", 1e6},         {"g", kMiB * 1024},  {"gib", kMiB * 1024},
-      {"gb", 1e9},      {"t", kMiB * kMiB}, {"tib", kMiB * kMiB}, {"tb", 1e12}};
-  for (const auto& [name, m] : units)
-    if (unit == name) mult = m;
-  if (mult == 0) bad("unknown unit '" + text.substr(i) + "'");
-  const double bytes = v * mult;
-  if (!(bytes >= 1)) bad("not a positive size");
-  if (bytes > 9.0e18) bad("too large");
-  return static_cast<int64_t>(bytes);
-}
+int64_t parseBytes(const std::string& text) { return parseByteSize(text, "--max-seq"); }
 
 std::vector<Rung> ablationLadder(const train::Config& base) {
   const int64_t attnChunk = base.model.attentionChunk > 0 ? base.model.attentionChunk : 256;

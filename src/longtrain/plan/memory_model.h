@@ -3,8 +3,9 @@
 // The formulas count the tensors the code paths actually hold (what autograd saves in the
 // recomputed block, what backward, the loss and the optimizer allocate: see the .cpp); the
 // process baseline (libtorch, threads, allocator) is one constant measured on this build.
-// The peak is the largest of the step's phases (its breakdown is that phase's) plus what the
-// allocator keeps of freed blocks, a calibrated share.
+// The peak is the largest of the step's phases (its breakdown is that phase's) plus, under
+// glibc malloc, what the allocator keeps of freed blocks (a calibrated share); under
+// tcmalloc, which longtrain links, nothing more (it reuses freed spans).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -28,8 +29,17 @@ struct MemoryBreakdown {
   int64_t total() const { return baseline + parameters + gradients + optimizer + activations + transient + retained; }
 };
 
-// Per-rank prediction for `cfg` with `world` ranks (data-parallel size = world / SP).
-MemoryBreakdown predictPeak(const train::Config& cfg, int world);
+// Per-rank prediction for `cfg` with `world` ranks (data-parallel size = world / SP), when
+// the last `graphBlocks` blocks keep their autograd graph and the others are recomputed.
+MemoryBreakdown predictPeak(const train::Config& cfg, int world, int graphBlocks = 0);
+
+// activation_checkpointing's choice: how many of the last blocks keep their graph. "all": 0;
+// "none": every block; "auto": the most whose predicted peak is within `budgetBytes` (0 when
+// even full recompute does not fit: the run then goes ahead and may run out of memory).
+int graphBlocksFor(const train::Config& cfg, int world, int64_t budgetBytes);
+
+// The per-rank budget "auto" uses: train.memory_budget, else 90% of rankMemoryLimitBytes.
+int64_t memoryBudgetFor(const train::Config& cfg, int localRanks);
 
 // The persistent model state of one rank: fp32 parameters, gradients, Adam m and v (and
 // SuperOffload's rollback shadows). ZeRO-3 holds 1/world of each; stage 0 holds all of it.
@@ -48,9 +58,7 @@ int64_t minSeqLen(const train::Config& cfg);
 // `cap`: the longest length considered (a result equal to it means "at least").
 int64_t maxSeqLen(const train::Config& cfg, int world, int64_t budgetBytes, int64_t cap = int64_t{1} << 24);
 
-// "4GiB", "512MiB", "1.5GB", "1000000" -> bytes. Suffixes: B, KiB, MiB, GiB, TiB (powers of
-// 1024), KB, MB, GB, TB (powers of 1000), K/M/G/T as the binary ones; case-insensitive.
-// An unparsable or non-positive value is an lt::Error naming it.
+// parseByteSize (core/strings.h) for --max-seq.
 int64_t parseBytes(const std::string& s);
 
 // One rung of the ALST ablation ladder: the options it turns on, applied to a config.

@@ -21,6 +21,8 @@ namespace {
 
 std::string typeName(const json& v) { return v.type_name(); }
 
+constexpr int64_t kBigBytes = int64_t(1) << 60;
+
 class Section {
  public:
   Section(const json* j, std::string path) : j_(j), path_(std::move(path)) {
@@ -82,6 +84,13 @@ class Section {
     }
     LT_CHECK(false, "config key '", keyPath(key), "' = \"", s, "\" is not one of ", list);
     return s;
+  }
+  // A byte count: a non-negative integer, or a string with a unit ("4GiB", "512MiB").
+  int64_t getBytes(const std::string& key, int64_t def) {
+    const json* v = find(key);
+    if (!v) return def;
+    if (v->is_string()) return parseByteSize(v->get<std::string>(), "config key '" + keyPath(key) + "'");
+    return getInt(key, def, 0, kBigBytes);
   }
   Section sub(const std::string& key) {
     const json* v = find(key);
@@ -151,6 +160,7 @@ Config parseConfig(const json& j, int worldSize) {
   c.stepsPerPrint = root.getInt("steps_per_print", 10, 1, kBig);
   c.seed = static_cast<uint64_t>(root.getInt("seed", 1234, 0, kBig));
   c.sequenceParallelSize = static_cast<int>(root.getInt("sequence_parallel_size", 1, 1, 1 << 20));
+  c.activationCheckpointing = root.getEnum("activation_checkpointing", "auto", {"auto", "all", "none"});
 
   {
     Section o = root.sub("optimizer");
@@ -284,6 +294,7 @@ Config parseConfig(const json& j, int worldSize) {
     c.train.threads = static_cast<int>(t.getInt("threads", 0, 0, 4096));
     c.train.evalEvery = t.getInt("eval_every", 0, 0, kBig);
     c.train.commTimeoutS = t.getNum("comm_timeout_s", 60, 0.1, 1e6);
+    c.train.memoryBudget = t.getBytes("memory_budget", 0);
     {
       Section k = t.sub("checkpoint");
       c.train.checkpoint.dir = k.getString("dir", "");

@@ -71,6 +71,9 @@ struct TrainSection {
   int threads = 0;  // intra-op threads per rank; 0 = the cores this rank owns
   int64_t evalEvery = 0;  // 0 = only at the end
   double commTimeoutS = 60;
+  // Per-rank memory budget (bytes) for activation_checkpointing "auto"; 0: 90% of what the
+  // rank may use (MemAvailable and the cgroup limit, shared among the local ranks).
+  int64_t memoryBudget = 0;
   CheckpointConfig checkpoint;
 };
 
@@ -84,6 +87,9 @@ struct Config {
   ZeroConfig zero;
   CompileConfig compile;
   int sequenceParallelSize = 1;
+  // "auto": the memory model keeps as many blocks' graphs (no recompute) as fit
+  // train.memory_budget; "all": every block is recomputed in backward; "none": none is.
+  std::string activationCheckpointing = "auto";
   int64_t stepsPerPrint = 10;
   uint64_t seed = 1234;
   model::ModelConfig model;

@@ -3,8 +3,6 @@
 #include "longtrain/train/engine.h"
 
 #include <ATen/ATen.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
 
 #include <ATen/Parallel.h>
 
@@ -16,6 +14,7 @@
 #include "longtrain/core/check.h"
 #include "longtrain/core/memory.h"
 #include "longtrain/model/attention.h"
+#include "longtrain/plan/memory_model.h"
 #include "longtrain/train/lr_schedule.h"
 
 namespace lt::train {
@@ -115,16 +114,22 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
       }
     }
     zero_ = std::make_unique<zero::Zero3>(*model_, groups_.world, groups_.dp->size(), zo);
-  } else if (o.type == "AdamW") {
-    opt_ = std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weightDecay));
   } else {
-    opt_ = std::make_unique<torch::optim::Adam>(
-        params, torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weightDecay));
+    // Stage 0: the same CPU Adam as ZeRO-3, one optimizer group (m, v, step count) per parameter.
+    offload::AdamParams ap;
+    ap.lr = static_cast<float>(o.lr);
+    ap.beta1 = static_cast<float>(o.beta1);
+    ap.beta2 = static_cast<float>(o.beta2);
+    ap.eps = static_cast<float>(o.eps);
+    ap.weightDecay = static_cast<float>(o.weightDecay);
+    ap.adamw = o.type == "AdamW";
+    adam_ = std::make_unique<offload::CpuAdam>(ap, at::get_num_threads());
+    for (const auto& p : params) adam_->addGroup(p.numel());
   }
 
   // The step program: the base, rewritten by passes; a schedule swaps the pass list.
-  base_ = compile::baseProgram(model_->numBlocks());
+  graphBlocks_ = chooseGraphBlocks();
+  base_ = compile::baseProgram(model_->numBlocks(), graphBlocks_);
   passCtx_.numBlocks = model_->numBlocks();
   passCtx_.tiedEmbeddings = cfg_.model.tieEmbeddings;
   passCtx_.prefetchBucketBytes = cfg_.zero.prefetchBucketSize * 4;
@@ -170,6 +175,16 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
 }
 
 Engine::~Engine() = default;
+
+int Engine::chooseGraphBlocks() {
+  memoryBudget_ = cfg_.train.memoryBudget > 0 ? cfg_.train.memoryBudget
+                                               : plan::memoryBudgetFor(cfg_, groups_.world->size());
+  int k = plan::graphBlocksFor(cfg_, groups_.world->size(), memoryBudget_);
+  // Every rank must run the same program (its collectives pair up): the smallest choice wins.
+  auto t = at::tensor({static_cast<double>(k)}, at::kDouble);
+  groups_.world->allReduce(t, comm::ReduceOp::ReduceOpMin).wait();
+  return static_cast<int>(t.item<double>());
+}
 
 data::Batch Engine::nextMicroBatch() {
   if (ulysses_) {
@@ -219,31 +234,6 @@ std::vector<at::Tensor> Engine::fullParameters() {
 }
 
 // ---------------------------------------------------------------------------- checkpoint state
-namespace {
-// libtorch keys optimizer state by the parameter's TensorImpl address.
-std::string stateKey(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
-
-// The Adam(W) state of every parameter, created (zero, step 0: what the first step would
-// create) where missing.
-template <class State>
-std::vector<State*> adamStates(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params) {
-  std::vector<State*> out;
-  auto& st = opt.state();
-  for (const auto& p : params) {
-    auto& slot = st[stateKey(p)];
-    if (!slot) {
-      auto s = std::make_unique<State>();
-      s->step(0);
-      s->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-      s->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-      slot = std::move(s);
-    }
-    out.push_back(static_cast<State*>(slot.get()));
-  }
-  return out;
-}
-}  // namespace
-
 std::vector<Engine::ParamMeta> Engine::parameterMeta() const {
   std::vector<ParamMeta> out;
   for (int g : model_->groupOrder())
@@ -259,25 +249,16 @@ std::vector<zero::StateShard> Engine::stateShards() {
   if (zero_) return zero_->stateShards();
   auto params = model_->parameters();
   std::vector<zero::StateShard> out;
-  auto fill = [&](auto states) {
-    for (size_t i = 0; i < params.size(); ++i)
-      out.push_back({static_cast<int>(i), 0, params[i].numel(), params[i].detach().view({-1}),
-                     states[i]->exp_avg().view({-1}), states[i]->exp_avg_sq().view({-1})});
-  };
-  if (cfg_.optimizer.type == "AdamW") fill(adamStates<torch::optim::AdamWParamState>(*opt_, params));
-  else fill(adamStates<torch::optim::AdamParamState>(*opt_, params));
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int g = static_cast<int>(i);
+    const int64_t n = params[i].numel();
+    out.push_back({g, 0, n, params[i].detach().view({-1}), at::from_blob(adam_->expAvg(g), {n}, at::kFloat),
+                   at::from_blob(adam_->expAvgSq(g), {n}, at::kFloat)});
+  }
   return out;
 }
 
-int64_t Engine::adamStepCount() const {
-  if (zero_) return zero_->adamStepCount();
-  auto params = model_->parameters();
-  auto& st = opt_->state();
-  auto it = st.find(stateKey(params.at(0)));
-  return it == st.end() ? 0
-         : cfg_.optimizer.type == "AdamW" ? static_cast<torch::optim::AdamWParamState&>(*it->second).step()
-                                          : static_cast<torch::optim::AdamParamState&>(*it->second).step();
-}
+int64_t Engine::adamStepCount() const { return zero_ ? zero_->adamStepCount() : adam_->stepCount(0); }
 
 int64_t Engine::loaderCursor() const { return spLoader_ ? spLoader_->cursor() : loader_->cursor(); }
 
@@ -299,16 +280,12 @@ void Engine::beginRestore(int64_t globalStep, int64_t adamStep, int64_t skippedS
     zero_->resetState(adamStep, skippedSteps);
     return;
   }
-  auto params = model_->parameters();
-  auto reset = [&](auto states) {
-    for (auto* s : states) {
-      s->step(adamStep);
-      s->exp_avg().zero_();
-      s->exp_avg_sq().zero_();
-    }
-  };
-  if (cfg_.optimizer.type == "AdamW") reset(adamStates<torch::optim::AdamWParamState>(*opt_, params));
-  else reset(adamStates<torch::optim::AdamParamState>(*opt_, params));
+  skippedSteps_ = skippedSteps;
+  for (int g = 0; g < adam_->groupCount(); ++g) {
+    adam_->setStepCount(g, adamStep);
+    std::fill_n(adam_->expAvg(g), adam_->groupNumel(g), 0.0f);
+    std::fill_n(adam_->expAvgSq(g), adam_->groupNumel(g), 0.0f);
+  }
 }
 
 void Engine::reduceGrads(int group, bool boundary) {
@@ -339,16 +316,23 @@ void Engine::optimizerStep() {
     }
   }
   // Global norm, in float64 so it does not depend on the order of small sums.
+  auto params = model_->parameters();
   double sq = 0;
-  for (const auto& p : model_->parameters()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+  for (const auto& p : params) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
   lastGradNorm_ = std::sqrt(sq);
-  if (cfg_.gradientClipping > 0 && lastGradNorm_ > cfg_.gradientClipping) {
-    double coef = cfg_.gradientClipping / (lastGradNorm_ + 1e-6);  // PyTorch's clip_grad_norm_
-    for (const auto& p : model_->parameters()) p.grad().mul_(coef);
+  lastSkipped_ = !std::isfinite(lastGradNorm_);  // as ZeRO-3: a non-finite gradient skips the step
+  if (lastSkipped_) {
+    ++skippedSteps_;
+  } else {
+    if (cfg_.gradientClipping > 0 && lastGradNorm_ > cfg_.gradientClipping) {
+      double coef = cfg_.gradientClipping / (lastGradNorm_ + 1e-6);  // PyTorch's clip_grad_norm_
+      for (const auto& p : params) p.grad().mul_(coef);
+    }
+    adam_->setLr(static_cast<float>(lastLr_));
+    for (size_t i = 0; i < params.size(); ++i)
+      adam_->step(static_cast<int>(i), params[i].data_ptr<float>(), params[i].grad().data_ptr<float>());
   }
-  for (auto& g : opt_->param_groups()) g.options().set_lr(lastLr_);
-  opt_->step();
-  opt_->zero_grad();
+  for (const auto& p : params) p.grad().zero_();
 }
 
 StepMetrics Engine::step() {
@@ -400,6 +384,7 @@ StepMetrics Engine::step() {
   m.exposedGatherS = exposedGather;
   m.activationPeakBytes = activationPeak;
   m.zero = lastZero_;
+  if (!zero_) m.zero.skipped = lastSkipped_;
   m.stepTimeS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
 }

@@ -17,13 +17,10 @@
 #include "longtrain/core/fifo.h"
 #include "longtrain/data/data.h"
 #include "longtrain/model/model.h"
+#include "longtrain/offload/cpu_adam.h"
 #include "longtrain/sp/ulysses.h"
 #include "longtrain/train/config.h"
 #include "longtrain/zero/zero3.h"
-
-namespace torch::optim {
-class Optimizer;
-}
 
 namespace lt::train {
 
@@ -79,7 +76,11 @@ class Engine {
   // This rank's pieces of parameter, master and Adam state, as views of the live buffers.
   std::vector<zero::StateShard> stateShards();
   int64_t adamStepCount() const;
-  int64_t skippedSteps() const { return zero_ ? zero_->skippedSteps() : 0; }
+  // Steps skipped for a non-finite gradient (every stage), cumulative.
+  int64_t skippedSteps() const { return zero_ ? zero_->skippedSteps() : skippedSteps_; }
+  // activation_checkpointing's choice: the last graphBlocks() blocks keep their autograd graph.
+  int graphBlocks() const { return graphBlocks_; }
+  int64_t memoryBudget() const { return memoryBudget_; }  // per rank, what "auto" chose against
   int64_t loaderCursor() const;  // micro-batches this rank has taken from its own loader
   // Prepares a fresh engine to continue after `globalStep` optimizer steps: the step counter
   // (so the LR schedule and the pass schedule), the data position (derived from the step, so
@@ -93,6 +94,7 @@ class Engine {
   void recompile(const std::vector<std::string>& passes, int64_t step);
   void optimizerStep();
   double currentLr() const;
+  int chooseGraphBlocks();  // collective: every rank takes the smallest choice
 
   Config cfg_;
   comm::Groups groups_;
@@ -101,8 +103,8 @@ class Engine {
   std::unique_ptr<data::Loader> loader_;         // SP = 1
   std::unique_ptr<sp::UlyssesLoader> ulysses_;  // SP > 1 (owns this rank's loader)
   data::Loader* spLoader_ = nullptr;             // SP > 1: the loader inside ulysses_
-  std::unique_ptr<torch::optim::Optimizer> opt_;
-  std::unique_ptr<zero::Zero3> zero_;  // ZeRO stage 3 (replaces opt_)
+  std::unique_ptr<offload::CpuAdam> adam_;  // stage 0: one group per parameter
+  std::unique_ptr<zero::Zero3> zero_;       // ZeRO stage 3 (replaces adam_)
   zero::ZeroStepResult lastZero_;
   compile::Program base_, program_;
   compile::Schedule schedule_;
@@ -119,6 +121,10 @@ class Engine {
   Fifo<PendingReduce> pending_;
   int64_t step_ = 0;
   double lastGradNorm_ = 0, lastLr_ = 0;
+  bool lastSkipped_ = false;
+  int64_t skippedSteps_ = 0;  // stage 0 (ZeRO-3 counts its own)
+  int graphBlocks_ = 0;
+  int64_t memoryBudget_ = 0;
 };
 
 // Builds the dataset a config names (train split, or the eval split with its own seed).

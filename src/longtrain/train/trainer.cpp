@@ -1,6 +1,8 @@
 // Training loop: one Engine::step per optimizer step; rank 0 reports.
 #include "longtrain/train/trainer.h"
 
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
@@ -8,11 +10,17 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include "longtrain/ckpt/checkpoint.h"
 #include "longtrain/core/check.h"
+#include "longtrain/core/cpu.h"
+#include "longtrain/core/memory.h"
+#include "longtrain/core/trace.h"
+#include "longtrain/plan/memory_model.h"
 #include "longtrain/train/engine.h"
+#include "longtrain/train/machine.h"
 
 namespace lt::train {
 
@@ -24,8 +32,35 @@ std::string humanTime(double s) {
 }
 }  // namespace
 
+// Every rank's trace events to rank 0, which writes one file (a Perfetto process per rank).
+void writeTrace(const comm::Groups& groups, const std::string& path) {
+  const std::string mine = trace::eventsJson();
+  const int W = groups.world->size();
+  auto len = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong), lens = at::empty({W}, at::kLong);
+  groups.world->allGather(lens, len).wait();
+  const int64_t most = std::max<int64_t>(1, lens.max().item<int64_t>());
+  auto buf = at::zeros({most}, at::kByte), all = at::empty({W * most}, at::kByte);
+  std::memcpy(buf.data_ptr<uint8_t>(), mine.data(), mine.size());
+  groups.world->allGather(all, buf).wait();
+  if (groups.world->rank() != 0) return;
+  std::ofstream f(path, std::ios::trunc);
+  LT_CHECK(f.good(), "--trace: cannot open '", path, "' for writing");
+  f << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  bool first = true;
+  for (int r = 0; r < W; ++r) {
+    const int64_t n = lens[r].item<int64_t>();
+    if (n == 0) continue;
+    f << (first ? "" : ",\n");
+    f.write(reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * most, n);
+    first = false;
+  }
+  f << "\n]}\n";
+  LT_CHECK(f.good(), "--trace: writing '", path, "' failed");
+}
+
 TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOptions& opts) {
   const bool lead = groups.world->rank() == 0;
+  if (!opts.tracePath.empty()) trace::enable(groups.world->rank());
   Engine engine(cfg, groups);
   std::string from = opts.resume;
   const auto& ck = cfg.train.checkpoint;
@@ -58,13 +93,28 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
       }
     }
   }
+  // MFU's denominator: every rank's measured GEMM peak at the threads it trains with.
+  auto peakT = at::tensor({measureGemmPeakFlops()}, at::kDouble);
+  groups.world->allReduce(peakT).wait();
+  const double gemmPeak = peakT.item<double>();
+  const double flopsPerToken = modelFlopsPerToken(cfg.model, cfg.data.seqLen);
+  auto mfuOf = [&](double tokensPerS) { return gemmPeak > 0 ? tokensPerS * flopsPerToken / gemmPeak : 0.0; };
   if (lead) {
+    std::printf("longtrain: blas core=%s (%s), %d threads/rank, fp32 GEMM peak %.1f GFLOP/s over all ranks "
+                "(measured), allocator %s, %.3g model GFLOP/token\n",
+                blasCoreName().empty() ? "unknown" : blasCoreName().c_str(), blasKernelReport().describe().c_str(),
+                at::get_num_threads(), gemmPeak / 1e9, allocatorName().c_str(), flopsPerToken / 1e9);
     std::printf("longtrain: %d rank(s) (sp=%d, dp=%d), model %.2fM params (%lld layers, hidden %lld), data %s\n",
                 groups.world->size(), groups.sp->size(), groups.dp->size(), cfg.model.numParams() / 1e6,
                 (long long)cfg.model.layers, (long long)cfg.model.hidden, engine.dataset().describe().c_str());
     std::printf("longtrain: global batch %lld = micro %lld x accum %lld x dp %d, seq_len %lld, %lld steps\n",
                 (long long)cfg.trainBatchSize, (long long)cfg.microBatch, (long long)cfg.gradAccum,
                 groups.dp->size(), (long long)cfg.data.seqLen, (long long)cfg.train.steps);
+    const int L = static_cast<int>(cfg.model.layers), k = engine.graphBlocks();
+    std::printf("longtrain: activation_checkpointing \"%s\": %d of %d blocks keep their graph, %d recomputed "
+                "(budget %.0f MiB/rank, predicted peak %.0f MiB)\n",
+                cfg.activationCheckpointing.c_str(), k, L, L - k, engine.memoryBudget() / 1048576.0,
+                plan::predictPeak(cfg, groups.world->size(), k).total() / 1048576.0);
     if (opts.printProgram) std::printf("step program:\n%s", engine.program().listing().c_str());
     std::fflush(stdout);
   }
@@ -89,7 +139,11 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
   ckpt::AsyncSaver saver;  // train.checkpoint.async
   for (int64_t s = engine.globalStep(); s < cfg.train.steps; ++s) {
     if (opts.faultKillRank == groups.world->rank() && opts.faultKillStep == s) ::raise(SIGKILL);
-    StepMetrics m = engine.step();
+    StepMetrics m;
+    {
+      trace::Scope ts("step", "step " + std::to_string(s + 1));
+      m = engine.step();
+    }
     double ckptS = -1;
     if (ck.everySteps > 0 && (m.step % ck.everySteps == 0 || m.step == cfg.train.steps)) {
       auto t0 = std::chrono::steady_clock::now();
@@ -113,9 +167,10 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
     if (lead) {
       if (m.step % cfg.stepsPerPrint == 0 || m.step == 1 || m.step == cfg.train.steps) {
         double eta = (cfg.train.steps - m.step) * (elapsed > 0 ? elapsed / std::max<int64_t>(1, m.step - 1 - sum.firstStep) : m.stepTimeS);
-        std::printf("step %lld/%lld | loss %.4f | acc %.3f | lr %.3g | grad_norm %.3f | %.0f tok/s | ETA %s\n",
+        std::printf("step %lld/%lld | loss %.4f | acc %.3f | lr %.3g | grad_norm %.3f | %.0f tok/s | MFU %.1f%% | "
+                    "ETA %s\n",
                     (long long)m.step, (long long)cfg.train.steps, m.loss, m.accuracy, m.lr, m.gradNorm, tps,
-                    humanTime(eta).c_str());
+                    100 * mfuOf(tps), humanTime(eta).c_str());
       }
       if (evalNow)
         std::printf("eval  %lld/%lld | loss %.4f | accuracy %.3f over %lld tokens\n", (long long)m.step,
@@ -128,10 +183,13 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
                          {"step_time_s", m.stepTimeS}, {"tokens_per_s", m.tokens / m.stepTimeS},
                          {"peak_rss_bytes", m.peakRssBytes},
                          {"exposed_gather_s", m.exposedGatherS},
-                         {"activation_peak_bytes", m.activationPeakBytes}};
+                         {"activation_peak_bytes", m.activationPeakBytes},
+                         {"mfu", mfuOf(m.tokens / m.stepTimeS)},
+                         {"model_flops_per_token", flopsPerToken},
+                         {"gemm_peak_flops", gemmPeak}};
+        j["skipped_steps"] = engine.skippedSteps();
         if (auto* z = engine.zero()) {
           const auto& l = z->ledger();
-          j["skipped_steps"] = z->skippedSteps();
           j["zero_param_bytes"] = l.paramBytes;
           j["zero_grad_bytes"] = l.gradBytes;
           j["zero_optim_bytes"] = l.optimBytes;
@@ -165,6 +223,10 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
     auto t0 = std::chrono::steady_clock::now();
     saver.wait();  // the last checkpoint is complete before the run reports done
     sum.checkpointSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (!opts.tracePath.empty()) {
+    writeTrace(groups, opts.tracePath);
+    if (lead) std::printf("trace: %s (Chrome trace-event JSON; open it in Perfetto)\n", opts.tracePath.c_str());
   }
   return sum;
 }

@@ -11,6 +11,7 @@ namespace lt::train {
 
 struct TrainOptions {
   std::string metricsPath;  // empty: no JSONL
+  std::string tracePath;    // empty: no trace; else Chrome trace-event JSON of every rank (rank 0 writes)
   bool printProgram = false;
   int faultKillRank = -1;   // testing hook: this world rank SIGKILLs itself ...
   int64_t faultKillStep = -1;  // ... when it reaches this step

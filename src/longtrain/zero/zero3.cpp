@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/trace.h"
 
 namespace lt::zero {
 
@@ -254,7 +255,9 @@ void Zero3::workerLoop() {
     for (int c : o_.workerCpus) CPU_SET(c, &set);
     pthread_setaffinity_np(pthread_self(), sizeof set, &set);  // the kernel's threads inherit it
   }
+  trace::nameThread("SuperOffload Adam worker");
   while (auto t = tasks_.pop()) {
+    trace::Scope ts("adam", trace::enabled() ? "speculative Adam, sub-group " + std::to_string(t->subGroup) : "");
     try {
       using Clock = std::chrono::steady_clock;
       auto t0 = Clock::now();

@@ -1,0 +1,118 @@
+// CPU features through GCC's cpuid wrapper (which also checks XCR0, i.e. that the OS saves
+// the wide registers), and OpenBLAS's kernel choice through dlsym: libtorch links the
+// generic libblas.so.3, which may or may not be OpenBLAS, so nothing links it by name.
+#include "longtrain/core/cpu.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace lt {
+
+namespace {
+
+constexpr const char* kReexecMarker = "LONGTRAIN_BLAS_REEXEC_FROM";  // value: the kernel before
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// 2: an AVX-512 kernel, 1: an AVX2 kernel, 0: anything older (SSE, AVX1, Bulldozer family).
+int coreTier(const std::string& core) {
+  const std::string c = lower(core);
+  for (const char* k : {"skylakex", "cooperlake", "sapphirerapids"})
+    if (c == k) return 2;
+  for (const char* k : {"haswell", "zen"})
+    if (c == k) return 1;
+  return 0;
+}
+
+const char* symbolString(const char* name) {
+  using Fn = char* (*)();
+  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+  return fn ? fn() : nullptr;
+}
+
+}  // namespace
+
+std::string CpuIsa::name() const { return avx512 ? "avx512" : avx2Fma ? "avx2" : "baseline"; }
+
+CpuIsa cpuIsa() {
+  __builtin_cpu_init();
+  CpuIsa isa;
+  isa.avx2Fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  isa.avx512 = isa.avx2Fma && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  isa.amd = __builtin_cpu_is("amd");
+  return isa;
+}
+
+std::string blasCoreName() {
+  const char* s = symbolString("openblas_get_corename");
+  if (!s) return "";
+  std::string out(s);
+  out.erase(std::find_if(out.rbegin(), out.rend(), [](char c) { return !std::isspace(static_cast<unsigned char>(c)); }).base(),
+            out.end());
+  return out;
+}
+
+std::string blasConfig() {
+  const char* s = symbolString("openblas_get_config");
+  return s ? std::string(s) : "";
+}
+
+std::string betterBlasCore(const std::string& current, const CpuIsa& isa) {
+  const int want = isa.avx512 ? 2 : isa.avx2Fma ? 1 : 0;
+  if (coreTier(current) >= want) return "";
+  return want == 2 ? "SkylakeX" : isa.amd ? "Zen" : "Haswell";
+}
+
+std::string BlasKernelReport::describe() const {
+  if (core.empty()) return "not OpenBLAS (kernel unknown)";
+  std::string s = "OpenBLAS " + core;
+  if (!was.empty()) s += " (fixed from " + was + ")";
+  else if (userSet) s += " (OPENBLAS_CORETYPE from the environment)";
+  if (belowCpu) s += " [below this CPU's " + cpuIsa().name() + ": sgemm runs several times slower]";
+  return s;
+}
+
+BlasKernelReport blasKernelReport() {
+  BlasKernelReport r;
+  r.core = blasCoreName();
+  const char* user = std::getenv("OPENBLAS_CORETYPE");
+  const char* was = std::getenv(kReexecMarker);
+  if (was && *was) r.was = was;
+  r.userSet = user && *user && r.was.empty();
+  r.belowCpu = !r.core.empty() && !betterBlasCore(r.core, cpuIsa()).empty();
+  return r;
+}
+
+void ensureBestBlasKernel(char** argv) {
+  if (std::getenv(kReexecMarker)) return;  // this image is the re-executed one
+  const char* user = std::getenv("OPENBLAS_CORETYPE");
+  if (user && *user) return;  // the user's choice stands (some CPUs need it to compute right)
+  // LONGTRAIN_FAULT_BLAS_CORE (tests): pretend OpenBLAS chose this kernel, so the re-exec
+  // path runs on CPUs that OpenBLAS already knows.
+  const char* pretend = std::getenv("LONGTRAIN_FAULT_BLAS_CORE");
+  const std::string core = pretend && *pretend ? pretend : blasCoreName();
+  if (core.empty()) return;
+  const std::string better = betterBlasCore(core, cpuIsa());
+  if (better.empty()) return;
+  ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
+  ::setenv(kReexecMarker, core.c_str(), 1);
+  std::fflush(nullptr);
+  ::execv("/proc/self/exe", argv);
+  // execv failed (no /proc): carry on with the slow kernel; the banner says so.
+  ::unsetenv("OPENBLAS_CORETYPE");
+  ::unsetenv(kReexecMarker);
+  std::fprintf(stderr, "longtrain: could not re-execute with OPENBLAS_CORETYPE=%s (%s); BLAS stays on %s\n",
+               better.c_str(), std::strerror(errno), core.c_str());
+}
+
+}  // namespace lt

@@ -1,0 +1,49 @@
+// What this CPU can run, and whether the BLAS libtorch calls runs its best kernel for it.
+// Non-obvious: OpenBLAS picks its kernel in its library constructor, before main, from the
+// CPU model it knows; Debian's 0.3.21 does not know some new models and falls back to its
+// SSE3 "Prescott" kernels (5x slower sgemm). The only fix is OPENBLAS_CORETYPE in the
+// environment of a new process image, so `ensureBestBlasKernel` re-executes the program once.
+// No libtorch here: this runs before anything touches a tensor.
+#pragma once
+#include <string>
+
+namespace lt {
+
+struct CpuIsa {
+  bool avx2Fma = false;  // AVX2 and FMA, with the OS saving ymm state
+  bool avx512 = false;   // AVX-512 F, BW, DQ and VL, with the OS saving zmm state
+  bool amd = false;      // vendor AMD (OpenBLAS calls its AVX2 kernels "Zen" there)
+  std::string name() const;  // "avx512", "avx2", or "baseline"
+};
+CpuIsa cpuIsa();
+
+// The kernel ("core") name OpenBLAS chose in this process, as openblas_get_corename reports
+// it ("SkylakeX", "Haswell", "Prescott", ...); "" when the BLAS is not OpenBLAS.
+std::string blasCoreName();
+// The BLAS library's own description (openblas_get_config), "" when unknown.
+std::string blasConfig();
+
+// The OPENBLAS_CORETYPE that would run this CPU's widest ISA, or "" when `current` already
+// does (or the CPU has nothing better than SSE). Pure: tested on every CPU with tables.
+//   AVX-512 F/BW/DQ/VL: SkylakeX (kept: SkylakeX, Cooperlake, SapphireRapids)
+//   AVX2 + FMA:         Haswell, or Zen on AMD (kept: any of those or an AVX-512 core)
+std::string betterBlasCore(const std::string& current, const CpuIsa& isa);
+
+// What the start-up check found and did, for the banner and `longtrain info`.
+struct BlasKernelReport {
+  std::string core;        // the kernel this process runs
+  std::string was;         // the kernel before longtrain re-executed with OPENBLAS_CORETYPE ("": no fix)
+  bool userSet = false;    // OPENBLAS_CORETYPE came from the user's environment: kept as it is
+  bool belowCpu = false;   // the kernel is below what the CPU supports, and nothing fixed it
+  std::string describe() const;  // e.g. "OpenBLAS SkylakeX (fixed from Prescott)"
+};
+
+// At the top of main, before any BLAS call: when OpenBLAS runs a kernel below the CPU's ISA
+// and the user did not set OPENBLAS_CORETYPE, sets it and execv's /proc/self/exe with the
+// same arguments (once: a marker variable stops a loop). Returns only when no re-exec was
+// needed or possible. Children (ranks) inherit the variable, so they start on the right
+// kernel without re-executing.
+void ensureBestBlasKernel(char** argv);
+BlasKernelReport blasKernelReport();
+
+}  // namespace lt

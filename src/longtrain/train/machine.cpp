@@ -1,0 +1,57 @@
+// GEMM peak and BLAS check (machine.h). The check's reference is a plain loop in double, not
+// dgemm: dgemm comes from the same library whose kernel is under test.
+#include "longtrain/train/machine.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+namespace lt::train {
+
+double modelFlopsPerToken(const model::ModelConfig& m, int64_t seqLen) {
+  const double table = static_cast<double>(m.vocabSize) * static_cast<double>(m.hidden);
+  // numParams counts the table once, and an untied head separately; a tied head reuses the table.
+  const double matmulParams = static_cast<double>(m.numParams()) - table + (m.tieEmbeddings ? table : 0);
+  return 6 * matmulParams + 6 * static_cast<double>(m.layers) * static_cast<double>(seqLen) * static_cast<double>(m.hidden);
+}
+
+double measureGemmPeakFlops() {
+  constexpr int64_t n = 1024;
+  auto a = at::randn({n, n}), b = at::randn({n, n}), c = at::empty({n, n});
+  at::mm_out(c, a, b);  // warm-up: thread pool, page faults, packing buffers
+  double best = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 8; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    at::mm_out(c, a, b);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * n * n * n / s);
+    if (i >= 2 && std::chrono::steady_clock::now() - start > std::chrono::milliseconds(300)) break;
+  }
+  return best;
+}
+
+double blasRelativeError() {
+  double worst = 0;
+  const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {65, 33, 129}, {200, 177, 131}, {1, 300, 257}};
+  for (const auto& s : shapes) {
+    const int64_t M = s[0], K = s[1], N = s[2];
+    auto a = at::randn({M, K}), b = at::randn({K, N});
+    auto c = at::mm(a, b).contiguous();
+    const float *pa = a.data_ptr<float>(), *pb = b.data_ptr<float>(), *pc = c.data_ptr<float>();
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double ref = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          ref += static_cast<double>(pa[i * K + k]) * pb[k * N + j];
+          mag += std::abs(static_cast<double>(pa[i * K + k]) * pb[k * N + j]);
+        }
+        worst = std::max(worst, std::abs(pc[i * N + j] - ref) / std::max(mag, 1e-30));
+      }
+  }
+  return worst;
+}
+
+}  // namespace lt::train

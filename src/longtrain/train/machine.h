@@ -1,0 +1,26 @@
+// The machine's figures that speed is judged against: the measured fp32 GEMM peak, the
+// model's FLOPs per token (for MFU), and a numerics check of the BLAS kernel in use.
+// Non-obvious: the peak is measured in-process with the thread count the rank trains with
+// (a few 1024^3 sgemms, ~0.1 s), not taken from a spec sheet: MFU is against what this BLAS
+// reaches on these cores.
+#pragma once
+#include <cstdint>
+
+#include "longtrain/model/model.h"
+
+namespace lt::train {
+
+// Model FLOPs per trained token (forward + backward, recompute not counted):
+//   6 x (parameters - embedding table + LM head)   the matmuls (the embedding is a lookup)
+// + 6 x layers x seq_len x hidden                   causal attention: QK^T and PV, 2 FLOPs a
+//                                                   multiply-add, x3 for backward, halved by the mask
+double modelFlopsPerToken(const model::ModelConfig& m, int64_t seqLen);
+
+// Best-of-several fp32 GEMM rate (FLOP/s) at the current at::get_num_threads().
+double measureGemmPeakFlops();
+
+// Largest error of at::mm against a double-precision loop, over odd shapes that exercise
+// the kernel's edge paths, relative to sum_k |a_ik| |b_kj| (the bound fp32 error scales with).
+double blasRelativeError();
+
+}  // namespace lt::train
