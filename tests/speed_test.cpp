@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <set>
 #include <limits>
 
 #include "longtrain/core/cpu.h"
@@ -74,6 +76,43 @@ TEST(Mfu, FlopsPerTokenClosedForm) {
   EXPECT_DOUBLE_EQ(lt::train::modelFlopsPerToken(m, 64), 6.0 * (2 * 592 + 8 + 800) + attn);
   m.tieEmbeddings = true;  // the table is the head: counted once, as the head
   EXPECT_DOUBLE_EQ(lt::train::modelFlopsPerToken(m, 64), 6.0 * (2 * 592 + 8 + 800) + attn);
+}
+
+TEST(Trace, TwoRanksWriteOneChromeTraceWithMfuInTheMetrics) {
+  json j = lt::testing::tinyTrainConfig();
+  j["train"]["threads"] = 1;
+  j["train"]["steps"] = 2;
+  j["zero_optimization"] = {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}, {"super_offload", true}}}};
+  auto cfg = lt::testing::writeJsonFile("longtrain_speed_test", "trace.json", j);
+  auto trace = cfg.parent_path() / "trace.out.json", metrics = cfg.parent_path() / "trace.jsonl";
+  auto r = lt::testing::runCommand(std::string(LONGTRAIN_BIN) + " train " + cfg.string() + " --nproc 2 --trace " +
+                                   trace.string() + " --metrics " + metrics.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("blas core="), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("MFU "), std::string::npos) << r.out;
+  std::ifstream f(trace);
+  const json t = json::parse(f);
+  std::set<std::pair<int, std::string>> seen;  // (rank, category)
+  for (const auto& e : t["traceEvents"])
+    if (e["ph"] == "X") {
+      seen.insert({e["pid"].get<int>(), e["cat"].get<std::string>()});
+      EXPECT_GE(e["dur"].get<int64_t>(), 0);
+    }
+  for (int rank : {0, 1})
+    for (const char* cat : {"program", "collective", "adam", "step"})
+      EXPECT_TRUE(seen.count({rank, cat})) << "rank " << rank << " has no '" << cat << "' event";
+  std::ifstream m(metrics);
+  std::string line;
+  int lines = 0;
+  while (std::getline(m, line)) {
+    const json s = json::parse(line);
+    EXPECT_GT(s["mfu"].get<double>(), 0);
+    EXPECT_LT(s["mfu"].get<double>(), 1);
+    EXPECT_DOUBLE_EQ(s["model_flops_per_token"].get<double>(),
+                     lt::train::modelFlopsPerToken(lt::train::parseConfig(j, 2).model, 32));
+    ++lines;
+  }
+  EXPECT_EQ(lines, 2);
 }
 
 TEST(Mfu, GemmPeakIsMeasured) {
