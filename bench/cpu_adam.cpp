@@ -4,6 +4,7 @@
 // Adam and RMW rows also run on transparent huge pages, which move the bound itself by ~10%, so a
 // percentage is only meaningful against the bound of the same page size.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 #include <c10/util/string_utils.h>
 #include <sys/mman.h>
