@@ -32,13 +32,13 @@ AdamCoeffs makeCoeffs(const AdamParams& a, int64_t step) {
   }
   AdamCoeffs c;
   c.decay = a.adamw ? static_cast<float>(1 - lr * wd) : 1.0f;
-  c.l2 = a.adamw ? 0.0f : a.weightDecay;
-  c.beta1 = a.beta1;
+  c.l2 = a.adamw ? 0.0f : static_cast<float>(wd);
+  c.beta1 = static_cast<float>(b1);
   c.oneMinusBeta1 = static_cast<float>(1 - b1);
-  c.beta2 = a.beta2;
+  c.beta2 = static_cast<float>(b2);
   c.oneMinusBeta2 = static_cast<float>(1 - b2);
   c.sqrtBias2 = static_cast<float>(std::sqrt(bias2));
-  c.eps = a.eps;
+  c.eps = static_cast<float>(a.eps);
   c.negStepSize = static_cast<float>(-(lr / bias1));
   return c;
 }
@@ -327,7 +327,7 @@ void CpuAdam::setStepCount(int group, int64_t step) {
   groupAt(group).step = step;
 }
 
-void CpuAdam::setLr(float lr) {
+void CpuAdam::setLr(double lr) {
   LT_CHECK(lr >= 0 && std::isfinite(lr), "CpuAdam::setLr: lr = ", lr,
            "; expected a finite value >= 0");
   params_.lr = lr;

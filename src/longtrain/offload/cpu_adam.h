@@ -22,13 +22,15 @@
 
 namespace lt::offload {
 
-// Defaults are torch::optim::AdamW's.
+// Defaults are torch::optim::AdamW's. Doubles, as libtorch keeps its options: the step's
+// scalars (bias corrections, step size, decay) are computed from the same doubles, so a
+// schedule's lr rounds as in torch::optim and the kernels stay bit-identical to it.
 struct AdamParams {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weightDecay = 1e-2f;
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weightDecay = 1e-2;
   bool adamw = true;           // true: decoupled, p *= 1 - lr*wd first; false: L2, g += wd*p
   bool biasCorrection = true;  // false: bias1 = bias2 = 1
 };
@@ -91,7 +93,7 @@ class CpuAdam {
   int64_t stepCount(int group) const;
   void setStepCount(int group, int64_t step);  // for checkpoint load and rollback
 
-  void setLr(float lr);
+  void setLr(double lr);
   const AdamParams& params() const { return params_; }
   int threads() const { return threads_; }
 

@@ -91,11 +91,11 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
     zero::Zero3Options zo;
     zo.subGroupSize = cfg_.zero.subGroupSize;
     zo.gradientClipping = cfg_.gradientClipping;
-    zo.adam.lr = static_cast<float>(o.lr);
-    zo.adam.beta1 = static_cast<float>(o.beta1);
-    zo.adam.beta2 = static_cast<float>(o.beta2);
-    zo.adam.eps = static_cast<float>(o.eps);
-    zo.adam.weightDecay = static_cast<float>(o.weightDecay);
+    zo.adam.lr = o.lr;
+    zo.adam.beta1 = o.beta1;
+    zo.adam.beta2 = o.beta2;
+    zo.adam.eps = o.eps;
+    zo.adam.weightDecay = o.weightDecay;
     zo.adam.adamw = o.type == "AdamW";
     const auto& off = cfg_.zero.offloadOptimizer;
     zo.superOffload = off.superOffload;
@@ -117,11 +117,11 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
   } else {
     // Stage 0: the same CPU Adam as ZeRO-3, one optimizer group (m, v, step count) per parameter.
     offload::AdamParams ap;
-    ap.lr = static_cast<float>(o.lr);
-    ap.beta1 = static_cast<float>(o.beta1);
-    ap.beta2 = static_cast<float>(o.beta2);
-    ap.eps = static_cast<float>(o.eps);
-    ap.weightDecay = static_cast<float>(o.weightDecay);
+    ap.lr = o.lr;
+    ap.beta1 = o.beta1;
+    ap.beta2 = o.beta2;
+    ap.eps = o.eps;
+    ap.weightDecay = o.weightDecay;
     ap.adamw = o.type == "AdamW";
     adam_ = std::make_unique<offload::CpuAdam>(ap, at::get_num_threads());
     for (const auto& p : params) adam_->addGroup(p.numel());
@@ -328,7 +328,7 @@ void Engine::optimizerStep() {
       double coef = cfg_.gradientClipping / (lastGradNorm_ + 1e-6);  // PyTorch's clip_grad_norm_
       for (const auto& p : params) p.grad().mul_(coef);
     }
-    adam_->setLr(static_cast<float>(lastLr_));
+    adam_->setLr(lastLr_);
     for (size_t i = 0; i < params.size(); ++i)
       adam_->step(static_cast<int>(i), params[i].data_ptr<float>(), params[i].grad().data_ptr<float>());
   }

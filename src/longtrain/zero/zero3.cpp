@@ -79,7 +79,7 @@ Zero3::~Zero3() {
   if (worker_.joinable()) worker_.join();
 }
 
-void Zero3::setLr(double lr) { adam_->setLr(static_cast<float>(lr)); }
+void Zero3::setLr(double lr) { adam_->setLr(lr); }
 
 // ---------------------------------------------------------------------------- gather/release
 void Zero3::prefetch(int group) {
