@@ -100,9 +100,10 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
   const double flopsPerToken = modelFlopsPerToken(cfg.model, cfg.data.seqLen);
   auto mfuOf = [&](double tokensPerS) { return gemmPeak > 0 ? tokensPerS * flopsPerToken / gemmPeak : 0.0; };
   if (lead) {
+    const BlasKernelReport blas = blasKernelReport();  // one dlsym lookup for the line
     std::printf("longtrain: blas core=%s (%s), %d threads/rank, fp32 GEMM peak %.1f GFLOP/s over all ranks "
                 "(measured), allocator %s, %.3g model GFLOP/token\n",
-                blasCoreName().empty() ? "unknown" : blasCoreName().c_str(), blasKernelReport().describe().c_str(),
+                blas.core.empty() ? "unknown" : blas.core.c_str(), blas.describe().c_str(),
                 at::get_num_threads(), gemmPeak / 1e9, allocatorName().c_str(), flopsPerToken / 1e9);
     std::printf("longtrain: %d rank(s) (sp=%d, dp=%d), model %.2fM params (%lld layers, hidden %lld), data %s\n",
                 groups.world->size(), groups.sp->size(), groups.dp->size(), cfg.model.numParams() / 1e6,
