@@ -80,13 +80,19 @@ double growth(const lt::train::Config& c, int64_t s) {
   return (p(4 * s) - p(2 * s)) / (p(2 * s) - p(s));
 }
 
-TEST(Plan, NaiveAttentionGrowsQuadraticallyChunkedLinearly) {
-  auto naive = parse(planConfig(), 1, {"model.vocab_size=64"});
-  auto chunked = parse(planConfig(), 1, {"model.vocab_size=64", "model.attention_chunk=256"});
+TEST(Plan, NaiveAttentionGrowsQuadraticallyChunkedAndFusedLinearly) {
+  auto naive = parse(planConfig(), 1, {"model.vocab_size=64", "model.attention=naive"});
   EXPECT_GT(growth(naive, 2048), 3.5);
-  const double g = growth(chunked, 2048);
-  EXPECT_GT(g, 1.8);
-  EXPECT_LT(g, 2.2);
+  for (const char* kind : {"chunked", "fused"}) {
+    auto c = parse(planConfig(), 1, {"model.vocab_size=64", std::string("model.attention=") + kind});
+    const double g = growth(c, 2048);
+    EXPECT_GT(g, 1.8) << kind;
+    EXPECT_LT(g, 2.2) << kind;
+  }
+  // The fused kernel holds only the log-sum-exp beyond what the block saves anyway.
+  auto fused = parse(planConfig(), 1, {"model.vocab_size=64"}), chunked = fused;
+  chunked.model.attention = "chunked";
+  EXPECT_LT(predictPeak(withSeq(fused, 8192), 1).total(), predictPeak(withSeq(chunked, 8192), 1).total());
 }
 
 TEST(Plan, MaxSeqIsMonotoneInBudgetAndTight) {
@@ -111,10 +117,11 @@ TEST(Plan, AblationLadderAddsOneOptionPerRung) {
   auto c = parse(planConfig(), 1, {"model.num_heads=2", "model.num_kv_heads=2"});
   auto ladder = lt::plan::ablationLadder(c);
   ASSERT_EQ(ladder.size(), 7u);
-  EXPECT_EQ(ladder[0].cfg.model.attentionChunk, 0);
+  EXPECT_EQ(ladder[0].cfg.model.attention, "naive");
   EXPECT_EQ(ladder[0].cfg.model.lossChunk, 0);
   EXPECT_GT(ladder[1].cfg.model.lossChunk, 0);
-  EXPECT_GT(ladder[2].cfg.model.attentionChunk, 0);
+  EXPECT_EQ(ladder[1].cfg.model.attention, "naive");
+  EXPECT_EQ(ladder[2].cfg.model.attention, "fused");
   EXPECT_TRUE(ladder[3].cfg.model.tiledMlp);
   EXPECT_EQ(ladder[4].world, 2);
   EXPECT_TRUE(ladder[4].skipped.empty());
@@ -169,7 +176,7 @@ TEST(Plan, CommandPrintsBreakdownAndLadder) {
     EXPECT_NE(r.out.find(k), std::string::npos) << k << "\n" << r.out;
   auto m = sh(kBin + " plan " + cfg + " --max-seq 1GiB");
   ASSERT_EQ(m.code, 0) << m.out;
-  for (const char* k : {"longest seq_len", "1 baseline", "2 + tiled logits-loss", "3 + chunked attention",
+  for (const char* k : {"longest seq_len", "1 baseline", "2 + tiled logits-loss", "3 + fused attention",
                         "4 + tiled MLP", "5 + SP=2", "6 + SP=4", "7 + ZeRO-3 + SuperOffload",
                         "zero_optimization.offload_optimizer.super_offload=true"})
     EXPECT_NE(m.out.find(k), std::string::npos) << k << "\n" << m.out;
@@ -208,7 +215,7 @@ TEST(Plan, PredictionMatchesMeasuredPeakRss) {
   const double modelBaseline = static_cast<double>(predictPeak(parse(tiny, 1), 1).baseline);
   std::printf("plan: baseline measured %.1f MiB, the model's %.1f MiB\n", baseline / (1 << 20), modelBaseline / (1 << 20));
   EXPECT_LE(std::abs(modelBaseline - baseline) / baseline, kPredictionTol);
-  // Two blocks, chunked attention and logits in tiles of 256 tokens at 8192 tokens: ~200 MiB
+  // Two blocks, fused attention (tile 256) and logits in tiles of 256 tokens at 8192 tokens: ~200 MiB
   // of working set over the baseline; graphs kept ("none") and recomputed ("all"). (Naive
   // attention's [B, H, S, S] blocks are under-predicted by up to 12% under tcmalloc: the
   // README's accuracy table.)

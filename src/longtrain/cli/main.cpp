@@ -65,7 +65,7 @@ int cmdPlan(const std::string& configPath, int nprocFlag, const std::vector<std:
               m.numParams() / 1e6, (long long)m.layers, (long long)m.hidden, (long long)m.heads,
               (long long)m.vocabSize, (long long)cfg.microBatch, world, cfg.sequenceParallelSize, cfg.zero.stage,
               cfg.zero.offloadOptimizer.superOffload ? " + super_offload" : "");
-  std::printf("      attention_chunk %lld, loss_chunk %lld, tiled_mlp %s\n", (long long)m.attentionChunk,
+  std::printf("      attention %s (tile %lld), loss_chunk %lld, tiled_mlp %s\n", m.attention.c_str(), (long long)m.attentionChunk,
               (long long)m.lossChunk, m.tiledMlp ? "true" : "false");
   if (maxSeq.empty()) {
     const int64_t acBudget = lt::plan::memoryBudgetFor(cfg, world);

@@ -9,6 +9,7 @@
 
 #include "longtrain/core/check.h"
 #include "longtrain/model/attention.h"
+#include "longtrain/model/fused_attention.h"
 
 namespace lt::model {
 
@@ -43,6 +44,20 @@ at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
   scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
   auto p = at::softmax(scores, -1);
   return at::matmul(p, vt).transpose(1, 2);  // [B, S, H, Dh]
+}
+
+AttentionFn attentionCore(const ModelConfig& cfg) {
+  const int64_t tile = cfg.attentionChunk;
+  if (cfg.attention == "naive") return causalAttention;
+  if (cfg.attention == "chunked")
+    return [chunk = tile > 0 ? tile : 256](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      return chunkedAttention(q, k, v, chunk);
+    };
+  LT_CHECK(cfg.attention == "fused", "model.attention=\"", cfg.attention,
+           "\" is not one of \"fused\", \"chunked\", \"naive\"");
+  FusedAttentionOptions o;
+  o.tile = tile;
+  return [o](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) { return fusedAttention(q, k, v, o); };
 }
 
 Model::Model(const ModelConfig& cfg, uint64_t seed) : cfg_(cfg) {

@@ -19,7 +19,10 @@ struct ModelConfig {
   int64_t vocabSize = 256, hidden = 128, layers = 2, heads = 4, kvHeads = 4, intermediate = 344;
   double ropeTheta = 10000.0, normEps = 1e-5, initStd = 0.02;
   bool tieEmbeddings = false;
-  int64_t attentionChunk = 0;  // 0: naive attention; else chunked attention with this block size
+  // The attention core: "fused" (fused_attention.h, the default), "chunked" (attention.h) or
+  // "naive" (causalAttention); the last two are the references the fused kernel is tested against.
+  std::string attention = "fused";
+  int64_t attentionChunk = 0;  // tile edge of "fused" and "chunked"; 0: theirs (128) / 256
   int64_t lossChunk = 0;       // 0: logits of the whole sequence at once; else tiles of this many tokens
   bool tiledMlp = false;       // MLP over ceil(S / hidden) sequence shards (DeepSpeed's TiledMLP)
   int64_t headDim() const { return hidden / heads; }
@@ -29,6 +32,9 @@ struct ModelConfig {
 // The core of attention: q [B, S, H, Dh], k and v [B, S, KV, Dh], already rotated, over the
 // whole sequence; returns [B, S, H, Dh]. Ulysses SP substitutes one that all-to-alls.
 using AttentionFn = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
+
+// The attention core cfg.attention names, with its tile (cfg.attentionChunk).
+AttentionFn attentionCore(const ModelConfig& cfg);
 
 // Plain causal attention with GQA (KV heads repeated to H). Materializes [B, H, S, S].
 at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);

@@ -118,8 +118,22 @@ Bytes blockCost(const train::Config& c, const Dims& d, bool* attnPeak, Bytes* sa
   Bytes savedAttn, attnWork;
   savedAttn.add(6, uD);
   savedAttn.add(3, uKV);
-  if (c.model.attentionChunk > 0) {
-    const double ch = std::min<double>(static_cast<double>(c.model.attentionChunk), d.S);
+  if (c.model.attention == "fused") {
+    // FusedAttentionFn saves its inputs and output and the log-sum-exp ([B, H/P, S]). On one
+    // rank the inputs are the rotations and v above and the output is o_proj's input; under
+    // Ulysses they are the all-to-all's outputs, held only by the kernel (q, out: 2 uD; k, v with
+    // max(KV/P, 1) heads). Backward: dq, dk, dv and the transposes kt, vt (1 uD + 4 uKV);
+    // each thread's tiles are kilobytes.
+    savedAttn.add(1, d.B * hP * d.S * kF);
+    const double uKVh = d.B * d.S * std::max(d.KV / d.P, 1.0) * d.Dh * kF;
+    if (d.P > 1) {
+      savedAttn.add(2, uD);
+      savedAttn.add(2, uKVh);
+    }
+    attnWork.add(1, uD);
+    attnWork.add(4, d.P > 1 ? uKVh : uKV);
+  } else if (c.model.attention == "chunked") {
+    const double ch = std::min<double>(static_cast<double>(c.model.attentionChunk > 0 ? c.model.attentionChunk : 256), d.S);
     // ChunkedFn saves contiguous q, k, v ([B, H/P, S, Dh], KV expanded) and its output (4 uD)
     // and the log-sum-exp ([B, H/P, S]). Backward: dO made contiguous, dq, dk, dv (4 uD), and
     // per tile the scores, p, dp, ds and a temporary (5 uC).
@@ -405,12 +419,11 @@ int64_t maxSeqLen(const train::Config& cfg, int world, int64_t budgetBytes, int6
 int64_t parseBytes(const std::string& text) { return parseByteSize(text, "--max-seq"); }
 
 std::vector<Rung> ablationLadder(const train::Config& base) {
-  const int64_t attnChunk = base.model.attentionChunk > 0 ? base.model.attentionChunk : 256;
   const int64_t lossChunk = base.model.lossChunk > 0 ? base.model.lossChunk : 256;
   std::vector<Rung> out;
   Rung r;
   r.cfg = base;
-  r.cfg.model.attentionChunk = 0;
+  r.cfg.model.attention = "naive";
   r.cfg.model.lossChunk = 0;
   r.cfg.model.tiledMlp = false;
   r.cfg.sequenceParallelSize = 1;
@@ -418,16 +431,16 @@ std::vector<Rung> ablationLadder(const train::Config& base) {
   r.cfg.zero.subGroupSize = base.zero.subGroupSize;
   r.world = 1;
   r.name = "1 baseline";
-  r.sets = {"model.attention_chunk=0", "model.loss_chunk=0", "model.tiled_mlp=false", "sequence_parallel_size=1",
+  r.sets = {"model.attention=naive", "model.loss_chunk=0", "model.tiled_mlp=false", "sequence_parallel_size=1",
             "zero_optimization.stage=0"};
   out.push_back(r);
   r.name = "2 + tiled logits-loss";
   r.cfg.model.lossChunk = lossChunk;
   r.sets[1] = "model.loss_chunk=" + std::to_string(lossChunk);
   out.push_back(r);
-  r.name = "3 + chunked attention";
-  r.cfg.model.attentionChunk = attnChunk;
-  r.sets[0] = "model.attention_chunk=" + std::to_string(attnChunk);
+  r.name = "3 + fused attention";
+  r.cfg.model.attention = "fused";
+  r.sets[0] = "model.attention=fused";
   out.push_back(r);
   r.name = "4 + tiled MLP";
   r.cfg.model.tiledMlp = true;

@@ -256,6 +256,7 @@ Config parseConfig(const json& j, int worldSize) {
     mc.normEps = m.getNum("rms_norm_eps", 1e-5, 0, 1);
     mc.initStd = m.getNum("init_std", 0.02, 0, 10);
     mc.tieEmbeddings = m.getBool("tie_word_embeddings", false);
+    mc.attention = m.getEnum("attention", "fused", {"fused", "chunked", "naive"});
     mc.attentionChunk = m.getInt("attention_chunk", 0, 0, kBig);
     mc.lossChunk = m.getInt("loss_chunk", 0, 0, kBig);
     mc.tiledMlp = m.getBool("tiled_mlp", false);

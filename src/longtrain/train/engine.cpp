@@ -165,11 +165,7 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
     hooks.reduceGrads = [this](int g, bool boundary) { reduceGrads(g, boundary); };
   }
   hooks.optimizerStep = [this] { optimizerStep(); };
-  model::AttentionFn core = model::causalAttention;
-  if (const int64_t chunk = cfg_.model.attentionChunk; chunk > 0)
-    core = [chunk](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-      return model::chunkedAttention(q, k, v, chunk);
-    };
+  model::AttentionFn core = model::attentionCore(cfg_.model);
   model::AttentionFn attn = P > 1 ? sp::ulyssesAttention(groups_.sp, core) : core;
   exec_ = std::make_unique<compile::Executor>(*model_, attn, std::move(hooks));
 }

@@ -1,0 +1,103 @@
+// bench/attention: causal attention forward + backward at the long shape (seq 4096, 8 query heads,
+// 4 kv heads, head dim 16; and head dim 32, 64 at seq 2048) for naive ATen attention, today's chunked
+// path (tile 256), and the fused kernel per ISA this CPU runs, each in GFLOP/s of causal-attention
+// model FLOPs (6 S^2 D per head: QK^T and PV forward, four products backward, halved by the mask)
+// and as % of the fp32 GEMM peak measured first in the same binary. Each fused row first checks
+// its output and gradients against the naive path (relative 1e-5) and aborts the bench if not.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "longtrain/model/attention.h"
+#include "longtrain/model/fused_attention.h"
+#include "longtrain/model/model.h"
+#include "longtrain/train/machine.h"
+
+namespace {
+
+using AttnFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>;
+
+struct Inputs {
+  at::Tensor q, k, v, up;
+};
+
+Inputs makeInputs(int64_t S, int64_t D) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  return {at::randn({1, S, 8, D}, gen).requires_grad_(true), at::randn({1, S, 4, D}, gen).requires_grad_(true),
+          at::randn({1, S, 4, D}, gen).requires_grad_(true), at::randn({1, S, 8, D}, gen)};
+}
+
+std::vector<at::Tensor> step(Inputs& in, const AttnFn& fn) {
+  for (auto* t : {&in.q, &in.k, &in.v}) t->mutable_grad() = at::Tensor();
+  auto out = fn(in.q, in.k, in.v);
+  (out * in.up).sum().backward();
+  return {out.detach(), in.q.grad(), in.k.grad(), in.v.grad()};
+}
+
+double relErr(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
+}
+
+void checkAgainstNaive(Inputs& in, const AttnFn& fn, const std::string& name) {
+  auto ref = step(in, lt::model::causalAttention), got = step(in, fn);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double e = relErr(got[i], ref[i]);
+    if (e > 1e-5) {
+      std::fprintf(stderr, "bench/attention: %s disagrees with naive attention (tensor %zu, rel %.3g)\n", name.c_str(),
+                   i, e);
+      std::exit(1);
+    }
+  }
+}
+
+double gemmPeak() {
+  static const double peak = lt::train::measureGemmPeakFlops();
+  return peak;
+}
+
+void run(benchmark::State& state, const AttnFn& fn, const std::string& name, bool check) {
+  const int64_t S = state.range(0), D = state.range(1);
+  auto in = makeInputs(S, D);
+  if (check) checkAgainstNaive(in, fn, name);
+  for (auto _ : state) benchmark::DoNotOptimize(step(in, fn));
+  const double flops = 6.0 * 8 * S * static_cast<double>(S) * D / 2;
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["%peak"] = benchmark::Counter(flops / gemmPeak() * 100, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void registerAll() {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{4096, 16}, {2048, 32}, {2048, 64}};
+  auto add = [&](const std::string& name, AttnFn fn, bool check) {
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& s) { run(s, fn, name, check); });
+    for (auto [S, D] : shapes) b->Args({S, D});
+    b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
+  };
+  add("naive", lt::model::causalAttention, false);
+  add("chunked256", [](auto& q, auto& k, auto& v) { return lt::model::chunkedAttention(q, k, v, 256); }, false);
+  for (auto isa : {lt::model::AttentionIsa::Baseline, lt::model::AttentionIsa::Avx2, lt::model::AttentionIsa::Avx512}) {
+    if (!lt::model::attentionIsaSupported(isa)) continue;
+    lt::model::FusedAttentionOptions o;
+    o.isa = isa;
+    add(std::string("fused_") + lt::model::attentionIsaName(isa),
+        [o](auto& q, auto& k, auto& v) { return lt::model::fusedAttention(q, k, v, o); }, true);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  std::printf("threads %d, fp32 GEMM peak %.1f GFLOP/s\n", at::get_num_threads(), gemmPeak() * 1e-9);
+  registerAll();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,51 @@
+// The fused attention kernel's raw interface: one forward tile task and one backward task over
+// plain float pointers, compiled once per ISA (attention_kernels.inc) and reached only through
+// fused_attention.cpp's run-time dispatch. No libtorch here, so the ISA files build fast.
+#pragma once
+#include <cstdint>
+
+namespace lt::model::attn_detail {
+
+// q, out [B, S, H, D]; k, v [B, S, KV, D] (row-major, contiguous); kt, vt [B, KV, D, S] (the
+// transposes); lse [B, H, S]; start [B, S]: the first key column row s may attend to (its
+// document's first token; null: 0, plain causal). Query heads h*KV/H.. share kv head h/(H/KV).
+struct Shape {
+  int64_t B = 0, S = 0, H = 0, KV = 0, D = 0, tile = 64;
+  float scale = 1;
+  int64_t tiles() const { return (S + tile - 1) / tile; }
+};
+
+struct Forward {
+  Shape shape;
+  const float *q = nullptr, *k = nullptr, *v = nullptr, *kt = nullptr;
+  const int64_t* start = nullptr;
+  float *out = nullptr, *lse = nullptr;
+};
+
+struct Backward {
+  Shape shape;
+  const float *q = nullptr, *k = nullptr, *v = nullptr, *kt = nullptr, *vt = nullptr;
+  const float *out = nullptr, *lse = nullptr, *dout = nullptr;
+  const int64_t* start = nullptr;
+  float *dq = nullptr, *dk = nullptr, *dv = nullptr;  // dq zeroed by the caller; dk, dv written whole
+};
+
+// Floats of scratch one worker needs for each kind of task.
+int64_t forwardScratch(const Shape& s);
+int64_t backwardScratch(const Shape& s);
+
+// One forward task: query tile `qTile` of head h in batch b (out rows and lse written).
+// One backward task: every query head of kv head g in batch b (dq rows of those heads, dk and
+// dv rows of g written); tasks touch disjoint memory, so they run in any order on any thread.
+using ForwardTask = void (*)(const Forward& a, int64_t b, int64_t h, int64_t qTile, float* scratch);
+using BackwardTask = void (*)(const Backward& a, int64_t b, int64_t g, float* scratch);
+
+#define LT_ATTN_DECLARE(isa)                                                                   \
+  void forwardTask_##isa(const Forward& a, int64_t b, int64_t h, int64_t qTile, float* scratch); \
+  void backwardTask_##isa(const Backward& a, int64_t b, int64_t g, float* scratch);
+LT_ATTN_DECLARE(baseline)
+LT_ATTN_DECLARE(avx2)
+LT_ATTN_DECLARE(avx512)
+#undef LT_ATTN_DECLARE
+
+}  // namespace lt::model::attn_detail

@@ -1,0 +1,189 @@
+// Fused attention: argument checks, the ISA dispatch, the task scheduler and the autograd
+// function around the per-ISA kernels (attention_kernels.inc). Non-obvious: work is handed out
+// from an atomic counter, largest query tiles first, because causal tiles differ in cost by up to
+// S / tile and ATen's parallel_for splits a range into equal contiguous chunks.
+#include "longtrain/model/fused_attention.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "longtrain/core/check.h"
+#include "longtrain/core/cpu.h"
+#include "longtrain/model/attention_kernels.h"
+
+namespace lt::model {
+
+namespace {
+
+using attn_detail::Shape;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr int64_t kDefaultTile = 128;  // 5-8% faster than 64, 20% faster than 32 (bench/attention, AVX-512)
+
+struct Kernels {
+  attn_detail::ForwardTask forward;
+  attn_detail::BackwardTask backward;
+};
+
+Kernels kernelsFor(AttentionIsa isa) {
+  LT_CHECK(attentionIsaSupported(isa), "fused attention: the ", attentionIsaName(isa),
+           " kernel was requested but this CPU lacks its instructions; use attentionBestIsa()");
+  switch (isa) {
+    case AttentionIsa::Avx512: return {attn_detail::forwardTask_avx512, attn_detail::backwardTask_avx512};
+    case AttentionIsa::Avx2: return {attn_detail::forwardTask_avx2, attn_detail::backwardTask_avx2};
+    case AttentionIsa::Baseline: break;
+  }
+  return {attn_detail::forwardTask_baseline, attn_detail::backwardTask_baseline};
+}
+
+// Runs task(t, scratch) for t in [0, n) on ATen's intra-op threads, each with its own scratch.
+template <class Task>
+void runTasks(int64_t n, int64_t scratchFloats, const Task& task) {
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, at::get_num_threads()));
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    std::vector<float> scratch(static_cast<size_t>(scratchFloats));
+    for (int64_t t; (t = next.fetch_add(1)) < n;) task(t, scratch.data());
+  });
+}
+
+Shape shapeOf(const at::Tensor& q, const at::Tensor& k, int64_t tile) {
+  Shape s;
+  s.B = q.size(0), s.S = q.size(1), s.H = q.size(2), s.KV = k.size(2), s.D = q.size(3);
+  s.tile = tile;
+  s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.D)));
+  return s;
+}
+
+// [B, S, KV, D] -> [B, KV, D, S]: rows of K^T (and V^T) become contiguous key runs.
+at::Tensor transposed(const at::Tensor& x) { return x.permute({0, 2, 3, 1}).contiguous(); }
+
+// No document mask travels as an empty tensor: autograd functions take no undefined inputs.
+const int64_t* startPtr(const at::Tensor& start) { return start.numel() > 0 ? start.data_ptr<int64_t>() : nullptr; }
+
+struct FusedAttentionFn : torch::autograd::Function<FusedAttentionFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& start, int64_t tile, int64_t isa) {
+    at::NoGradGuard ng;
+    const Shape s = shapeOf(q, k, tile);
+    auto out = at::empty_like(q);
+    auto lse = at::empty({s.B, s.H, s.S}, q.options());
+    auto kt = transposed(k);
+    attn_detail::Forward a;
+    a.shape = s;
+    a.q = q.data_ptr<float>(), a.k = k.data_ptr<float>(), a.v = v.data_ptr<float>(), a.kt = kt.data_ptr<float>();
+    a.start = startPtr(start);
+    a.out = out.data_ptr<float>(), a.lse = lse.data_ptr<float>();
+    const auto kernel = kernelsFor(static_cast<AttentionIsa>(isa)).forward;
+    const int64_t heads = s.B * s.H, tiles = s.tiles();
+    runTasks(heads * tiles, attn_detail::forwardScratch(s), [&](int64_t t, float* scratch) {
+      const int64_t bh = t % heads, qTile = tiles - 1 - t / heads;  // largest tiles first
+      kernel(a, bh / s.H, bh % s.H, qTile, scratch);
+    });
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["start"] = start;
+    ctx->saved_data["tile"] = tile;
+    ctx->saved_data["isa"] = isa;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::NoGradGuard ng;
+    auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const auto start = ctx->saved_data["start"].toTensor();
+    const Shape s = shapeOf(q, k, ctx->saved_data["tile"].toInt());
+    auto dout = grads[0].contiguous();
+    auto dq = at::zeros_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+    auto kt = transposed(k), vt = transposed(v);
+    attn_detail::Backward a;
+    a.shape = s;
+    a.q = q.data_ptr<float>(), a.k = k.data_ptr<float>(), a.v = v.data_ptr<float>();
+    a.kt = kt.data_ptr<float>(), a.vt = vt.data_ptr<float>();
+    a.out = out.data_ptr<float>(), a.lse = lse.data_ptr<float>(), a.dout = dout.data_ptr<float>();
+    a.start = startPtr(start);
+    a.dq = dq.data_ptr<float>(), a.dk = dk.data_ptr<float>(), a.dv = dv.data_ptr<float>();
+    const auto kernel = kernelsFor(static_cast<AttentionIsa>(ctx->saved_data["isa"].toInt())).backward;
+    runTasks(s.B * s.KV, attn_detail::backwardScratch(s),
+             [&](int64_t t, float* scratch) { kernel(a, t / s.KV, t % s.KV, scratch); });
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+void checkInputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& start) {
+  LT_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "fused attention: q, k, v must be [B, S, heads, head_dim]");
+  LT_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+           "fused attention: fp32 tensors expected, got ", q.scalar_type());
+  LT_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
+           "fused attention: k and v must be [B, S, kv_heads, head_dim] beside q ", q.sizes(), "; got ", k.sizes(),
+           " and ", v.sizes());
+  LT_CHECK(q.size(2) % k.size(2) == 0, "fused attention: ", q.size(2), " query heads are not a multiple of ",
+           k.size(2), " kv heads");
+  if (!start.defined()) return;
+  LT_CHECK(start.scalar_type() == at::kLong && start.dim() == 2 && start.size(0) == q.size(0) &&
+               start.size(1) == q.size(1),
+           "fused attention: documentStart must be int64 [B, S] = [", q.size(0), ", ", q.size(1), "]");
+  auto rows = at::arange(q.size(1), start.options()).unsqueeze(0);
+  LT_CHECK(start.ge(0).all().item<bool>() && start.le(rows).all().item<bool>(),
+           "fused attention: documentStart[b, s] must lie in [0, s]");
+  if (q.size(1) > 1)
+    LT_CHECK(start.slice(1, 1).ge(start.slice(1, 0, -1)).all().item<bool>(),
+             "fused attention: documentStart must be non-decreasing along the sequence (documents are contiguous)");
+}
+
+}  // namespace
+
+namespace attn_detail {
+int64_t forwardScratch(const Shape& s) { return s.tile * s.tile + s.tile * s.D + 2 * s.tile; }
+int64_t backwardScratch(const Shape& s) {
+  return 2 * s.tile * s.tile + 2 * s.tile * s.D + (s.H / s.KV) * s.S;
+}
+}  // namespace attn_detail
+
+AttentionIsa attentionBestIsa() {
+  static const AttentionIsa best = attentionIsaSupported(AttentionIsa::Avx512) ? AttentionIsa::Avx512
+                                   : attentionIsaSupported(AttentionIsa::Avx2) ? AttentionIsa::Avx2
+                                                                               : AttentionIsa::Baseline;
+  return best;
+}
+
+bool attentionIsaSupported(AttentionIsa isa) {
+  const CpuIsa cpu = cpuIsa();
+  switch (isa) {
+    case AttentionIsa::Avx512: return cpu.avx512;
+    case AttentionIsa::Avx2: return cpu.avx2Fma;
+    case AttentionIsa::Baseline: return true;
+  }
+  return false;
+}
+
+const char* attentionIsaName(AttentionIsa isa) {
+  switch (isa) {
+    case AttentionIsa::Avx512: return "avx512";
+    case AttentionIsa::Avx2: return "avx2";
+    case AttentionIsa::Baseline: return "baseline";
+  }
+  return "?";
+}
+
+at::Tensor fusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const FusedAttentionOptions& options) {
+  checkInputs(q, k, v, options.documentStart);
+  const int64_t tile = options.tile > 0 ? options.tile : kDefaultTile;
+  auto start = options.documentStart.defined() ? options.documentStart.contiguous() : at::empty({0}, at::kLong);
+  return FusedAttentionFn::apply(q.contiguous(), k.contiguous(), v.contiguous(), start, tile,
+                                 static_cast<int64_t>(options.isa));
+}
+
+at::Tensor documentStartFromPositions(const at::Tensor& pos) {
+  auto rows = at::arange(pos.size(1), pos.options().dtype(at::kLong)).unsqueeze(0);
+  return (rows - pos.to(at::kLong)).contiguous();
+}
+
+}  // namespace lt::model

@@ -1,0 +1,36 @@
+// Fused causal attention for CPUs: the default attention core. Blocked over query and key tiles
+// with an online softmax (no [S, S] matrix, memory O(tile^2) per thread), causal tiles above the
+// diagonal skipped, GQA kv heads read in place (no repeated copies), the log-sum-exp saved for a
+// backward that recomputes each tile. An optional document mask makes it block-diagonal causal.
+// Non-obvious: the tile products are this module's own register-blocked micro-GEMMs, not BLAS
+// calls: at head dims of 16-128 a BLAS call per 64 x 64 tile spends more on packing than on math.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace lt::model {
+
+enum class AttentionIsa { Baseline, Avx2, Avx512 };
+AttentionIsa attentionBestIsa();               // the widest kernel this CPU runs
+bool attentionIsaSupported(AttentionIsa isa);  // the baseline (SSE2) kernel always is
+const char* attentionIsaName(AttentionIsa isa);  // "baseline", "avx2", "avx512"
+
+struct FusedAttentionOptions {
+  // [B, S] int64: the first position row s may attend to (the start of its document), non-
+  // decreasing along s and <= s. Undefined: plain causal attention.
+  at::Tensor documentStart;
+  int64_t tile = 0;  // query and key tile edge; 0: the kernel's default (128)
+  AttentionIsa isa = attentionBestIsa();
+};
+
+// q [B, S, H, Dh], k and v [B, S, KV, Dh] (fp32, H a multiple of KV) -> [B, S, H, Dh]; the
+// same contract as model::causalAttention, differentiable in q, k and v.
+at::Tensor fusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const FusedAttentionOptions& options = {});
+
+// The first position of each token's document when position ids restart at 0 per document
+// (Hugging Face's packing convention): start[s] = s - pos[s]. pos [B, S] -> [B, S] int64.
+at::Tensor documentStartFromPositions(const at::Tensor& pos);
+
+}  // namespace lt::model

@@ -1,0 +1,170 @@
+// The fused attention kernel against the ATen compositions it replaces (naive causal attention,
+// and a dense masked softmax for the document mask): output and every input gradient, for each
+// ISA this CPU runs, at lengths that are and are not tile multiples, several GQA ratios and head
+// dims; plus determinism across thread counts and the argument checks.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#include "longtrain/model/fused_attention.h"
+#include "longtrain/model/model.h"
+#include "testing.h"
+
+namespace {
+
+using lt::model::AttentionIsa;
+using lt::testing::relErr;
+using lt::testing::Tol;
+
+// Dense reference with an explicit mask: row s sees columns [start[s], s].
+at::Tensor maskedReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& start) {
+  const int64_t H = q.size(2), KV = k.size(2), S = q.size(1);
+  auto kk = k.repeat_interleave(H / KV, 2).transpose(1, 2), vv = v.repeat_interleave(H / KV, 2).transpose(1, 2);
+  auto scores = at::matmul(q.transpose(1, 2), kk.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));
+  auto rows = at::arange(S, at::kLong).view({1, S, 1}), cols = at::arange(S, at::kLong).view({1, 1, S});
+  auto hidden = (cols > rows) | (cols < start.unsqueeze(-1));  // [B, S, S]
+  scores = scores.masked_fill(hidden.unsqueeze(1), -std::numeric_limits<float>::infinity());
+  return at::matmul(at::softmax(scores, -1), vv).transpose(1, 2);
+}
+
+struct Grads {
+  at::Tensor out, dq, dk, dv;
+};
+
+template <class Fn>
+Grads runWithGrads(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, const at::Tensor& up, Fn fn) {
+  auto q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true), v = v0.clone().requires_grad_(true);
+  auto out = fn(q, k, v);
+  (out * up).sum().backward();
+  return {out.detach(), q.grad(), k.grad(), v.grad()};
+}
+
+void expectClose(const Grads& got, const Grads& ref, const std::string& what) {
+  EXPECT_LE(relErr(got.out, ref.out), Tol::kFusedKernel) << what << " output";
+  EXPECT_LE(relErr(got.dq, ref.dq), Tol::kFusedKernel) << what << " dq";
+  EXPECT_LE(relErr(got.dk, ref.dk), Tol::kFusedKernel) << what << " dk";
+  EXPECT_LE(relErr(got.dv, ref.dv), Tol::kFusedKernel) << what << " dv";
+}
+
+std::vector<AttentionIsa> supportedIsas() {
+  std::vector<AttentionIsa> out;
+  for (auto isa : {AttentionIsa::Baseline, AttentionIsa::Avx2, AttentionIsa::Avx512})
+    if (lt::model::attentionIsaSupported(isa)) out.push_back(isa);
+  return out;
+}
+
+// B, S, H, KV, Dh, tile
+using Case = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+const std::vector<Case> kCases = {
+    {2, 16, 4, 4, 8, 4},    {2, 19, 4, 2, 8, 5},  {1, 7, 2, 1, 16, 64},  {1, 33, 8, 2, 4, 1},
+    {1, 130, 4, 1, 16, 64}, {2, 97, 6, 3, 32, 16}, {1, 70, 2, 2, 24, 0}, {1, 257, 2, 1, 64, 0},
+};
+
+std::string describe(const Case& c, AttentionIsa isa) {
+  auto [B, S, H, KV, D, T] = c;
+  return std::string(lt::model::attentionIsaName(isa)) + " B" + std::to_string(B) + " S" + std::to_string(S) + " H" +
+         std::to_string(H) + "/" + std::to_string(KV) + " D" + std::to_string(D) + " tile" + std::to_string(T);
+}
+
+TEST(FusedAttention, EqualsNaiveForEveryIsaShapeAndGqaRatio) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  for (const auto& c : kCases) {
+    auto [B, S, H, KV, D, T] = c;
+    auto q = at::randn({B, S, H, D}, gen), k = at::randn({B, S, KV, D}, gen), v = at::randn({B, S, KV, D}, gen);
+    auto up = at::randn({B, S, H, D}, gen);
+    auto ref = runWithGrads(q, k, v, up, lt::model::causalAttention);
+    for (auto isa : supportedIsas()) {
+      lt::model::FusedAttentionOptions o;
+      o.tile = T;
+      o.isa = isa;
+      auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& cc) { return lt::model::fusedAttention(a, b, cc, o); });
+      expectClose(got, ref, describe(c, isa));
+    }
+  }
+}
+
+// Large scores (sharp softmax): the online maximum must rescale earlier tiles exactly.
+TEST(FusedAttention, SharpSoftmaxAcrossTiles) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(12);
+  auto q = at::randn({1, 150, 2, 16}, gen) * 6, k = at::randn({1, 150, 2, 16}, gen) * 6;
+  auto v = at::randn({1, 150, 2, 16}, gen), up = at::randn({1, 150, 2, 16}, gen);
+  auto ref = runWithGrads(q, k, v, up, lt::model::causalAttention);
+  lt::model::FusedAttentionOptions o;
+  o.tile = 16;
+  auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return lt::model::fusedAttention(a, b, c, o); });
+  expectClose(got, ref, "sharp");
+}
+
+// Document mask: three packed documents per row (different cuts per batch row), including a
+// one-token document and cuts that fall inside and on tile edges.
+TEST(FusedAttention, DocumentMaskEqualsDenseMaskedSoftmax) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(13);
+  const int64_t B = 2, S = 75, H = 4, KV = 2, D = 8;
+  auto pos = at::empty({B, S}, at::kLong);
+  const std::vector<std::vector<int64_t>> cuts = {{0, 16, 17, 50}, {0, 31, 64}};
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s) {
+      int64_t first = 0;
+      for (int64_t c : cuts[b])
+        if (c <= s) first = c;
+      pos[b][s] = s - first;
+    }
+  auto start = lt::model::documentStartFromPositions(pos);
+  EXPECT_EQ(start[0][20].item<int64_t>(), 17);
+  auto q = at::randn({B, S, H, D}, gen), k = at::randn({B, S, KV, D}, gen), v = at::randn({B, S, KV, D}, gen);
+  auto up = at::randn({B, S, H, D}, gen);
+  auto ref = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return maskedReference(a, b, c, start); });
+  for (auto isa : supportedIsas())
+    for (int64_t tile : {16, 7}) {
+      lt::model::FusedAttentionOptions o;
+      o.documentStart = start;
+      o.tile = tile;
+      o.isa = isa;
+      auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return lt::model::fusedAttention(a, b, c, o); });
+      expectClose(got, ref, std::string("documents ") + lt::model::attentionIsaName(isa) + " tile " + std::to_string(tile));
+    }
+  // One document spanning the row is plain causal attention, bit for bit.
+  lt::model::FusedAttentionOptions one;
+  one.documentStart = at::zeros({B, S}, at::kLong);
+  auto a = lt::model::fusedAttention(q, k, v, one), b = lt::model::fusedAttention(q, k, v);
+  EXPECT_TRUE(at::equal(a, b));
+}
+
+// Tasks own disjoint memory and each runs in a fixed order: the same bits on 1 and 2 threads.
+TEST(FusedAttention, BitIdenticalAcrossThreadCounts) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(14);
+  auto q = at::randn({2, 200, 4, 16}, gen), k = at::randn({2, 200, 2, 16}, gen), v = at::randn({2, 200, 2, 16}, gen);
+  auto up = at::randn({2, 200, 4, 16}, gen);
+  const int before = at::get_num_threads();
+  auto fused = [](auto& a, auto& b, auto& c) { return lt::model::fusedAttention(a, b, c); };
+  at::set_num_threads(1);
+  auto one = runWithGrads(q, k, v, up, fused);
+  at::set_num_threads(2);
+  auto two = runWithGrads(q, k, v, up, fused);
+  at::set_num_threads(before);
+  EXPECT_TRUE(at::equal(one.out, two.out));
+  EXPECT_TRUE(at::equal(one.dq, two.dq));
+  EXPECT_TRUE(at::equal(one.dk, two.dk));
+  EXPECT_TRUE(at::equal(one.dv, two.dv));
+}
+
+TEST(FusedAttention, BadArgumentsAreNamed) {
+  auto q = at::randn({1, 8, 4, 8}), k = at::randn({1, 8, 3, 8});
+  EXPECT_NE(lt::testing::errorOf([&] { lt::model::fusedAttention(q, k, k); }).find("not a multiple of 3 kv heads"),
+            std::string::npos);
+  lt::model::FusedAttentionOptions o;
+  o.documentStart = at::full({1, 8}, 5, at::kLong);  // row 0 cannot start at 5
+  auto kv = at::randn({1, 8, 2, 8});
+  EXPECT_NE(lt::testing::errorOf([&] { lt::model::fusedAttention(q, kv, kv, o); }).find("must lie in [0, s]"),
+            std::string::npos);
+  o.documentStart = at::tensor(std::vector<int64_t>{0, 1, 0, 0, 0, 0, 0, 0}).view({1, 8});
+  EXPECT_NE(lt::testing::errorOf([&] { lt::model::fusedAttention(q, kv, kv, o); }).find("non-decreasing"),
+            std::string::npos);
+}
+
+}  // namespace
