@@ -82,11 +82,11 @@ void registerAll() {
   };
   add("naive", lt::model::causalAttention, false);
   add("chunked256", [](auto& q, auto& k, auto& v) { return lt::model::chunkedAttention(q, k, v, 256); }, false);
-  for (auto isa : {lt::model::AttentionIsa::Baseline, lt::model::AttentionIsa::Avx2, lt::model::AttentionIsa::Avx512}) {
-    if (!lt::model::attentionIsaSupported(isa)) continue;
+  for (auto isa : {lt::model::KernelIsa::Baseline, lt::model::KernelIsa::Avx2, lt::model::KernelIsa::Avx512}) {
+    if (!lt::model::kernelIsaSupported(isa)) continue;
     lt::model::FusedAttentionOptions o;
     o.isa = isa;
-    add(std::string("fused_") + lt::model::attentionIsaName(isa),
+    add(std::string("fused_") + lt::model::kernelIsaName(isa),
         [o](auto& q, auto& k, auto& v) { return lt::model::fusedAttention(q, k, v, o); }, true);
   }
 }

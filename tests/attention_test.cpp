@@ -17,7 +17,7 @@
 
 namespace {
 
-using lt::model::AttentionIsa;
+using lt::model::KernelIsa;
 using lt::testing::relErr;
 using lt::testing::Tol;
 
@@ -51,10 +51,10 @@ void expectClose(const Grads& got, const Grads& ref, const std::string& what) {
   EXPECT_LE(relErr(got.dv, ref.dv), Tol::kFusedKernel) << what << " dv";
 }
 
-std::vector<AttentionIsa> supportedIsas() {
-  std::vector<AttentionIsa> out;
-  for (auto isa : {AttentionIsa::Baseline, AttentionIsa::Avx2, AttentionIsa::Avx512})
-    if (lt::model::attentionIsaSupported(isa)) out.push_back(isa);
+std::vector<KernelIsa> supportedIsas() {
+  std::vector<KernelIsa> out;
+  for (auto isa : {KernelIsa::Baseline, KernelIsa::Avx2, KernelIsa::Avx512})
+    if (lt::model::kernelIsaSupported(isa)) out.push_back(isa);
   return out;
 }
 
@@ -65,9 +65,9 @@ const std::vector<Case> kCases = {
     {1, 130, 4, 1, 16, 64}, {2, 97, 6, 3, 32, 16}, {1, 70, 2, 2, 24, 0}, {1, 257, 2, 1, 64, 0},
 };
 
-std::string describe(const Case& c, AttentionIsa isa) {
+std::string describe(const Case& c, KernelIsa isa) {
   auto [B, S, H, KV, D, T] = c;
-  return std::string(lt::model::attentionIsaName(isa)) + " B" + std::to_string(B) + " S" + std::to_string(S) + " H" +
+  return std::string(lt::model::kernelIsaName(isa)) + " B" + std::to_string(B) + " S" + std::to_string(S) + " H" +
          std::to_string(H) + "/" + std::to_string(KV) + " D" + std::to_string(D) + " tile" + std::to_string(T);
 }
 
@@ -126,7 +126,7 @@ TEST(FusedAttention, DocumentMaskEqualsDenseMaskedSoftmax) {
       o.tile = tile;
       o.isa = isa;
       auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return lt::model::fusedAttention(a, b, c, o); });
-      expectClose(got, ref, std::string("documents ") + lt::model::attentionIsaName(isa) + " tile " + std::to_string(tile));
+      expectClose(got, ref, std::string("documents ") + lt::model::kernelIsaName(isa) + " tile " + std::to_string(tile));
     }
   // One document spanning the row is plain causal attention, bit for bit.
   lt::model::FusedAttentionOptions one;

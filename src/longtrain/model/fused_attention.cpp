@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "longtrain/core/check.h"
-#include "longtrain/core/cpu.h"
 #include "longtrain/model/attention_kernels.h"
 
 namespace lt::model {
@@ -31,13 +30,13 @@ struct Kernels {
   attn_detail::BackwardTask backward;
 };
 
-Kernels kernelsFor(AttentionIsa isa) {
-  LT_CHECK(attentionIsaSupported(isa), "fused attention: the ", attentionIsaName(isa),
-           " kernel was requested but this CPU lacks its instructions; use attentionBestIsa()");
+Kernels kernelsFor(KernelIsa isa) {
+  LT_CHECK(kernelIsaSupported(isa), "fused attention: the ", kernelIsaName(isa),
+           " kernel was requested but this CPU lacks its instructions; use kernelBestIsa()");
   switch (isa) {
-    case AttentionIsa::Avx512: return {attn_detail::forwardTask_avx512, attn_detail::backwardTask_avx512};
-    case AttentionIsa::Avx2: return {attn_detail::forwardTask_avx2, attn_detail::backwardTask_avx2};
-    case AttentionIsa::Baseline: break;
+    case KernelIsa::Avx512: return {attn_detail::forwardTask_avx512, attn_detail::backwardTask_avx512};
+    case KernelIsa::Avx2: return {attn_detail::forwardTask_avx2, attn_detail::backwardTask_avx2};
+    case KernelIsa::Baseline: break;
   }
   return {attn_detail::forwardTask_baseline, attn_detail::backwardTask_baseline};
 }
@@ -80,7 +79,7 @@ struct FusedAttentionFn : torch::autograd::Function<FusedAttentionFn> {
     a.q = q.data_ptr<float>(), a.k = k.data_ptr<float>(), a.v = v.data_ptr<float>(), a.kt = kt.data_ptr<float>();
     a.start = startPtr(start);
     a.out = out.data_ptr<float>(), a.lse = lse.data_ptr<float>();
-    const auto kernel = kernelsFor(static_cast<AttentionIsa>(isa)).forward;
+    const auto kernel = kernelsFor(static_cast<KernelIsa>(isa)).forward;
     const int64_t heads = s.B * s.H, tiles = s.tiles();
     runTasks(heads * tiles, attn_detail::forwardScratch(s), [&](int64_t t, float* scratch) {
       const int64_t bh = t % heads, qTile = tiles - 1 - t / heads;  // largest tiles first
@@ -109,7 +108,7 @@ struct FusedAttentionFn : torch::autograd::Function<FusedAttentionFn> {
     a.out = out.data_ptr<float>(), a.lse = lse.data_ptr<float>(), a.dout = dout.data_ptr<float>();
     a.start = startPtr(start);
     a.dq = dq.data_ptr<float>(), a.dk = dk.data_ptr<float>(), a.dv = dv.data_ptr<float>();
-    const auto kernel = kernelsFor(static_cast<AttentionIsa>(ctx->saved_data["isa"].toInt())).backward;
+    const auto kernel = kernelsFor(static_cast<KernelIsa>(ctx->saved_data["isa"].toInt())).backward;
     runTasks(s.B * s.KV, attn_detail::backwardScratch(s),
              [&](int64_t t, float* scratch) { kernel(a, t / s.KV, t % s.KV, scratch); });
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
@@ -145,32 +144,6 @@ int64_t backwardScratch(const Shape& s) {
   return 2 * s.tile * s.tile + 2 * s.tile * s.D + (s.H / s.KV) * s.S;
 }
 }  // namespace attn_detail
-
-AttentionIsa attentionBestIsa() {
-  static const AttentionIsa best = attentionIsaSupported(AttentionIsa::Avx512) ? AttentionIsa::Avx512
-                                   : attentionIsaSupported(AttentionIsa::Avx2) ? AttentionIsa::Avx2
-                                                                               : AttentionIsa::Baseline;
-  return best;
-}
-
-bool attentionIsaSupported(AttentionIsa isa) {
-  const CpuIsa cpu = cpuIsa();
-  switch (isa) {
-    case AttentionIsa::Avx512: return cpu.avx512;
-    case AttentionIsa::Avx2: return cpu.avx2Fma;
-    case AttentionIsa::Baseline: return true;
-  }
-  return false;
-}
-
-const char* attentionIsaName(AttentionIsa isa) {
-  switch (isa) {
-    case AttentionIsa::Avx512: return "avx512";
-    case AttentionIsa::Avx2: return "avx2";
-    case AttentionIsa::Baseline: return "baseline";
-  }
-  return "?";
-}
 
 at::Tensor fusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const FusedAttentionOptions& options) {

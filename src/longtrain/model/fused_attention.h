@@ -9,19 +9,16 @@
 
 #include <cstdint>
 
-namespace lt::model {
+#include "longtrain/model/kernel_isa.h"
 
-enum class AttentionIsa { Baseline, Avx2, Avx512 };
-AttentionIsa attentionBestIsa();               // the widest kernel this CPU runs
-bool attentionIsaSupported(AttentionIsa isa);  // the baseline (SSE2) kernel always is
-const char* attentionIsaName(AttentionIsa isa);  // "baseline", "avx2", "avx512"
+namespace lt::model {
 
 struct FusedAttentionOptions {
   // [B, S] int64: the first position row s may attend to (the start of its document), non-
   // decreasing along s and <= s. Undefined: plain causal attention.
   at::Tensor documentStart;
   int64_t tile = 0;  // query and key tile edge; 0: the kernel's default (128)
-  AttentionIsa isa = attentionBestIsa();
+  KernelIsa isa = kernelBestIsa();
 };
 
 // q [B, S, H, Dh], k and v [B, S, KV, Dh] (fp32, H a multiple of KV) -> [B, S, H, Dh]; the

@@ -10,6 +10,7 @@
 #include "longtrain/core/check.h"
 #include "longtrain/model/attention.h"
 #include "longtrain/model/fused_attention.h"
+#include "longtrain/model/fused_ops.h"
 
 namespace lt::model {
 
@@ -139,20 +140,36 @@ void Model::embedBackward(const at::Tensor& ids, const at::Tensor& gradOut) cons
 at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const AttentionFn& attn) const {
   const auto& k = blocks_[b];
   const int64_t B = x.size(0), S = x.size(1), H = cfg_.heads, KV = cfg_.kvHeads, Dh = cfg_.headDim();
-  auto h = rmsNorm(x, k.attnNorm, cfg_.normEps);
-  auto q = rope(at::linear(h, k.wq).view({B, S, H, Dh}), pos, cfg_.ropeTheta);    // [B, S, H, Dh]
-  auto kk = rope(at::linear(h, k.wk).view({B, S, KV, Dh}), pos, cfg_.ropeTheta);  // [B, S, KV, Dh]
-  auto v = at::linear(h, k.wv).view({B, S, KV, Dh});
+  const bool fused = cfg_.fusedKernels;
+  auto norm = [&](const at::Tensor& t, const at::Tensor& w) {
+    return fused ? fusedRmsNorm(t, w, cfg_.normEps) : rmsNorm(t, w, cfg_.normEps);
+  };
+  auto h = norm(x, k.attnNorm);
+  at::Tensor q, kk, v;
+  if (fused) {  // one GEMM against [wq; wk; wv], then views of its columns
+    const int64_t D = cfg_.hidden, kvDim = KV * Dh;
+    auto qkv = at::linear(h, at::cat({k.wq, k.wk, k.wv}));
+    q = qkv.narrow(-1, 0, D).reshape({B, S, H, Dh});
+    kk = qkv.narrow(-1, D, kvDim).reshape({B, S, KV, Dh});
+    v = qkv.narrow(-1, D + kvDim, kvDim).reshape({B, S, KV, Dh});
+  } else {
+    q = at::linear(h, k.wq).view({B, S, H, Dh});
+    kk = at::linear(h, k.wk).view({B, S, KV, Dh});
+    v = at::linear(h, k.wv).view({B, S, KV, Dh});
+  }
+  q = rope(q, pos, cfg_.ropeTheta);    // [B, S, H, Dh]
+  kk = rope(kk, pos, cfg_.ropeTheta);  // [B, S, KV, Dh]
   auto a = attn(q, kk, v).reshape({B, S, H * Dh});
   auto x1 = x + at::linear(a, k.wo);
-  auto m = rmsNorm(x1, k.mlpNorm, cfg_.normEps);
+  auto m = norm(x1, k.mlpNorm);
   // DeepSpeed's default shard count; every SP rank holds S/P tokens, so all agree on it.
   const int64_t shards = cfg_.tiledMlp ? std::max<int64_t>(1, (S + cfg_.hidden - 1) / cfg_.hidden) : 1;
-  return x1 + tiledMlp(m, k.wGate, k.wUp, k.wDown, shards);
+  return x1 + tiledMlp(m, k.wGate, k.wUp, k.wDown, shards, fused);
 }
 
 at::Tensor Model::logits(const at::Tensor& x) const {
-  return at::linear(rmsNorm(x, finalNorm_, cfg_.normEps), lmHead_.defined() ? lmHead_ : embed_);
+  auto h = cfg_.fusedKernels ? fusedRmsNorm(x, finalNorm_, cfg_.normEps) : rmsNorm(x, finalNorm_, cfg_.normEps);
+  return at::linear(h, lmHead_.defined() ? lmHead_ : embed_);
 }
 
 at::Tensor Model::forward(const at::Tensor& ids, const at::Tensor& pos, const AttentionFn& attn) const {

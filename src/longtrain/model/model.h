@@ -25,6 +25,9 @@ struct ModelConfig {
   int64_t attentionChunk = 0;  // tile edge of "fused" and "chunked"; 0: theirs (128) / 256
   int64_t lossChunk = 0;       // 0: logits of the whole sequence at once; else tiles of this many tokens
   bool tiledMlp = false;       // MLP over ceil(S / hidden) sequence shards (DeepSpeed's TiledMLP)
+  // Fused RMSNorm and SwiGLU (fused_ops.h), q/k/v and gate/up each one GEMM; false: the ATen
+  // composition, the reference the fused path is tested against. Parameters are the same.
+  bool fusedKernels = true;
   int64_t headDim() const { return hidden / heads; }
   int64_t numParams() const;
 };

@@ -115,9 +115,14 @@ Bytes blockCost(const train::Config& c, const Dims& d, bool* attnPeak, Bytes* sa
   //   rmsNorm: x*rsqrt (uD) and its output h (uD); q projection and its rotation (2 uD);
   //   k projection, its rotation, v (3 uKV); the attention output reshaped for o_proj (uD);
   //   x1 = x + o_proj(a) (uD).
+  // With model.fused_kernels the norm saves only its output (and [B, S] rstd) and one GEMM
+  // against [wq; wk; wv] (a weight copy the GEMM saves) makes q, k, v as column views of one
+  // output; the fused attention kernel copies the strided v (uKV).
+  const bool fusedOps = c.model.fusedKernels;
   Bytes savedAttn, attnWork;
-  savedAttn.add(6, uD);
-  savedAttn.add(3, uKV);
+  savedAttn.add(fusedOps ? 5 : 6, uD);
+  savedAttn.add(fusedOps && c.model.attention == "fused" ? 4 : 3, uKV);
+  if (fusedOps) savedAttn.add(1, d.D * (d.D + 2 * d.KV * d.Dh) * kF);
   if (c.model.attention == "fused") {
     // FusedAttentionFn saves its inputs and output and the log-sum-exp ([B, H/P, S]). On one
     // rank the inputs are the rotations and v above and the output is o_proj's input; under
@@ -155,8 +160,11 @@ Bytes blockCost(const train::Config& c, const Dims& d, bool* attnPeak, Bytes* sa
   if (d.P > 1) attnWork.add(3, uD);  // all-to-all backward: contiguous gradient, send, receive
   // MLP half: rmsNorm (2 uD); untiled SwiGLU saves gate(x), silu(gate), up(x) and their
   // product (4 uF); TiledMLP saves only its input (already counted as m).
+  // Fused: the norm saves 1 uD; the gate/up GEMM's output [B, S/P, 2F] is what the fused
+  // SwiGLU saves, its product (uF) is saved by down_proj, and [wGate; wUp] by the GEMM.
   Bytes savedMlp, mlpWork;
-  savedMlp.add(2, uD);
+  savedMlp.add(fusedOps ? 1 : 2, uD);
+  if (fusedOps) savedMlp.add(2, d.D * d.F * kF);
   if (c.model.tiledMlp) {
     // TiledMlpFn::backward: dx (uD), zeroed weight-gradient accumulators and one shard's
     // weight gradients (6 x D x F), one shard's recompute and its gradients (~7 [B, len, F],
@@ -166,8 +174,9 @@ Bytes blockCost(const train::Config& c, const Dims& d, bool* attnPeak, Bytes* sa
     mlpWork.add(6, d.D * d.F * kF);
     mlpWork.add(7, d.B * len * d.F * kF);
   } else {
-    // d(product), d(silu), d(up) coexist at the mul's backward (3 uF), then dm (uD).
-    savedMlp.add(4, uF);
+    // d(product), d(silu), d(up) coexist at the mul's backward (3 uF), then dm (uD); fused:
+    // d(product) and d(gate, up) (3 uF).
+    savedMlp.add(fusedOps ? 3 : 4, uF);
     mlpWork.add(3, uF);
     mlpWork.add(1, uD);
   }

@@ -260,6 +260,7 @@ Config parseConfig(const json& j, int worldSize) {
     mc.attentionChunk = m.getInt("attention_chunk", 0, 0, kBig);
     mc.lossChunk = m.getInt("loss_chunk", 0, 0, kBig);
     mc.tiledMlp = m.getBool("tiled_mlp", false);
+    mc.fusedKernels = m.getBool("fused_kernels", true);
     m.finish();
     LT_CHECK(mc.hidden % mc.heads == 0, "model.hidden_size=", mc.hidden, " must be divisible by model.num_heads=",
              mc.heads);

@@ -1,0 +1,147 @@
+// Fused RMSNorm and SwiGLU: the per-ISA kernel table, the row split over ATen's threads and the
+// autograd functions. Non-obvious: RMSNorm's weight gradient is summed per fixed chunk of rows
+// and the chunks added in order, so it is the same at any thread count (tests rely on it).
+#include "longtrain/model/fused_ops.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "longtrain/core/check.h"
+#include "longtrain/core/cpu.h"
+#include "longtrain/model/pointwise_kernels.h"
+
+namespace lt::model {
+
+KernelIsa kernelBestIsa() {
+  static const KernelIsa best = kernelIsaSupported(KernelIsa::Avx512) ? KernelIsa::Avx512
+                                : kernelIsaSupported(KernelIsa::Avx2) ? KernelIsa::Avx2
+                                                                      : KernelIsa::Baseline;
+  return best;
+}
+
+bool kernelIsaSupported(KernelIsa isa) {
+  const CpuIsa cpu = cpuIsa();
+  switch (isa) {
+    case KernelIsa::Avx512: return cpu.avx512;
+    case KernelIsa::Avx2: return cpu.avx2Fma;
+    case KernelIsa::Baseline: return true;
+  }
+  return false;
+}
+
+const char* kernelIsaName(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::Avx512: return "avx512";
+    case KernelIsa::Avx2: return "avx2";
+    case KernelIsa::Baseline: return "baseline";
+  }
+  return "?";
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr int64_t kRowChunk = 64;  // rows per task; also the unit of the weight-gradient sum
+
+const pointwise_detail::Kernels& kernelsFor(int64_t isa) {
+  static const pointwise_detail::Kernels table[] = {pointwise_detail::kernels_baseline(),
+                                                    pointwise_detail::kernels_avx2(),
+                                                    pointwise_detail::kernels_avx512()};
+  const auto k = static_cast<KernelIsa>(isa);
+  LT_CHECK(kernelIsaSupported(k), "fused kernels: the ", kernelIsaName(k),
+           " build was requested but this CPU lacks its instructions; use kernelBestIsa()");
+  return table[isa];
+}
+
+// f(firstRow, rows) over [0, rows) in chunks of kRowChunk, on ATen's threads.
+template <class F>
+void forRowChunks(int64_t rows, const F& f) {
+  const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) f(c * kRowChunk, std::min(rows, (c + 1) * kRowChunk) - c * kRowChunk);
+  });
+}
+
+struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, double eps, int64_t isa) {
+    at::NoGradGuard ng;
+    const int64_t D = x.size(-1), rows = x.numel() / D;
+    auto y = at::empty_like(x), rstd = at::empty({rows}, x.options());
+    const auto& k = kernelsFor(isa);
+    const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
+    float *yp = y.data_ptr<float>(), *sp = rstd.data_ptr<float>();
+    forRowChunks(rows, [&](int64_t r0, int64_t n) {
+      k.rmsNormForward(xp + r0 * D, wp, yp + r0 * D, sp + r0, n, D, static_cast<float>(eps));
+    });
+    ctx->save_for_backward({x, w, rstd});
+    ctx->saved_data["isa"] = isa;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::NoGradGuard ng;
+    auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &w = saved[1], &rstd = saved[2];
+    auto dy = grads[0].contiguous();
+    const int64_t D = x.size(-1), rows = x.numel() / D, chunks = (rows + kRowChunk - 1) / kRowChunk;
+    auto dx = at::empty_like(x), partial = at::zeros({chunks, D}, x.options());
+    const auto& k = kernelsFor(ctx->saved_data["isa"].toInt());
+    const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>(), *sp = rstd.data_ptr<float>();
+    const float* dyp = dy.data_ptr<float>();
+    float *dxp = dx.data_ptr<float>(), *pp = partial.data_ptr<float>();
+    forRowChunks(rows, [&](int64_t r0, int64_t n) {
+      k.rmsNormBackward(xp + r0 * D, wp, sp + r0, dyp + r0 * D, dxp + r0 * D, pp + (r0 / kRowChunk) * D, n, D);
+    });
+    auto dw = partial.sum(0);  // chunk order fixed: the same at any thread count
+    return {dx, dw, at::Tensor(), at::Tensor()};
+  }
+};
+
+struct SwigluFn : torch::autograd::Function<SwigluFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gu, int64_t isa) {
+    at::NoGradGuard ng;
+    const int64_t F = gu.size(-1) / 2, rows = gu.numel() / (2 * F);
+    auto sizes = gu.sizes().vec();
+    sizes.back() = F;
+    auto h = at::empty(sizes, gu.options());
+    const auto& k = kernelsFor(isa);
+    const float* gp = gu.data_ptr<float>();
+    float* hp = h.data_ptr<float>();
+    forRowChunks(rows, [&](int64_t r0, int64_t n) { k.swigluForward(gp + r0 * 2 * F, hp + r0 * F, n, F); });
+    ctx->save_for_backward({gu});
+    ctx->saved_data["isa"] = isa;
+    return h;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::NoGradGuard ng;
+    const auto gu = ctx->get_saved_variables()[0];
+    auto dh = grads[0].contiguous();
+    const int64_t F = gu.size(-1) / 2, rows = gu.numel() / (2 * F);
+    auto dgu = at::empty_like(gu);
+    const auto& k = kernelsFor(ctx->saved_data["isa"].toInt());
+    const float *gp = gu.data_ptr<float>(), *dp = dh.data_ptr<float>();
+    float* op = dgu.data_ptr<float>();
+    forRowChunks(rows, [&](int64_t r0, int64_t n) { k.swigluBackward(gp + r0 * 2 * F, dp + r0 * F, op + r0 * 2 * F, n, F); });
+    return {dgu, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor fusedRmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, KernelIsa isa) {
+  LT_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && w.dim() == 1 && x.size(-1) == w.size(0),
+           "fused RMSNorm: fp32 x [.., D] and w [D] expected, got ", x.sizes(), " and ", w.sizes());
+  return RmsNormFn::apply(x.contiguous(), w.contiguous(), eps, static_cast<int64_t>(isa));
+}
+
+at::Tensor fusedSwiglu(const at::Tensor& gu, KernelIsa isa) {
+  LT_CHECK(gu.scalar_type() == at::kFloat && gu.size(-1) % 2 == 0,
+           "fused SwiGLU: fp32 [.., 2F] (gate then up) expected, got ", gu.sizes());
+  return SwigluFn::apply(gu.contiguous(), static_cast<int64_t>(isa));
+}
+
+}  // namespace lt::model

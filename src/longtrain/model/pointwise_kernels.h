@@ -1,0 +1,27 @@
+// The fused RMSNorm and SwiGLU kernels' raw interface over plain float rows, compiled once per
+// ISA (pointwise_kernels.inc) and reached only through fused_ops.cpp's dispatch. Each function
+// makes one pass over its rows; no libtorch here.
+#pragma once
+#include <cstdint>
+
+namespace lt::model::pointwise_detail {
+
+struct Kernels {
+  // y = x * rstd * w, rstd[r] = 1 / sqrt(mean(x[r]^2) + eps); rows of D floats.
+  void (*rmsNormForward)(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t D, float eps);
+  // dx = rstd * (g - x * rstd^2 * mean(g * x)) with g = dy * w; dwAcc[d] += sum_r dy * x * rstd.
+  void (*rmsNormBackward)(const float* x, const float* w, const float* rstd, const float* dy, float* dx,
+                          float* dwAcc, int64_t rows, int64_t D);
+  // h = silu(gate) * up, where row r of gu holds gate (F floats) then up (F floats).
+  void (*swigluForward)(const float* gu, float* h, int64_t rows, int64_t F);
+  // dgu = [dh * up * silu'(gate), dh * silu(gate)], rows as gu.
+  void (*swigluBackward)(const float* gu, const float* dh, float* dgu, int64_t rows, int64_t F);
+};
+
+#define LT_POINTWISE_DECLARE(isa) Kernels kernels_##isa();
+LT_POINTWISE_DECLARE(baseline)
+LT_POINTWISE_DECLARE(avx2)
+LT_POINTWISE_DECLARE(avx512)
+#undef LT_POINTWISE_DECLARE
+
+}  // namespace lt::model::pointwise_detail

@@ -1,0 +1,116 @@
+// Fused RMSNorm and SwiGLU against the ATen compositions in model.cpp (output and every input
+// gradient, each ISA this CPU runs, odd widths that leave vector tails, rows that leave a partial
+// chunk), their determinism across thread counts, and the whole model with fused kernels on and
+// off (model.fused_kernels) agreeing on the loss and every parameter's gradient.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "longtrain/model/fused_ops.h"
+#include "longtrain/model/model.h"
+#include "testing.h"
+
+namespace {
+
+using lt::model::KernelIsa;
+using lt::testing::relErr;
+using lt::testing::Tol;
+
+std::vector<KernelIsa> supportedIsas() {
+  std::vector<KernelIsa> out;
+  for (auto isa : {KernelIsa::Baseline, KernelIsa::Avx2, KernelIsa::Avx512})
+    if (lt::model::kernelIsaSupported(isa)) out.push_back(isa);
+  return out;
+}
+
+at::Tensor swigluReference(const at::Tensor& gu) {
+  const int64_t F = gu.size(-1) / 2;
+  return at::silu(gu.narrow(-1, 0, F)) * gu.narrow(-1, F, F);
+}
+
+TEST(FusedOps, RmsNormEqualsAten) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(21);
+  for (auto [rows, D] : std::vector<std::pair<int64_t, int64_t>>{{3, 64}, {130, 37}, {65, 256}, {1, 5}}) {
+    auto x0 = at::randn({rows, D}, gen) * 3, w0 = at::randn({D}, gen), up = at::randn({rows, D}, gen);
+    auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    auto ref = lt::model::rmsNorm(x, w, 1e-5);
+    (ref * up).sum().backward();
+    for (auto isa : supportedIsas()) {
+      auto xf = x0.clone().requires_grad_(true), wf = w0.clone().requires_grad_(true);
+      auto got = lt::model::fusedRmsNorm(xf, wf, 1e-5, isa);
+      (got * up).sum().backward();
+      const std::string what = std::string(lt::model::kernelIsaName(isa)) + " " + std::to_string(rows) + "x" +
+                               std::to_string(D);
+      EXPECT_LE(relErr(got, ref), Tol::kFusedKernel) << what;
+      EXPECT_LE(relErr(xf.grad(), x.grad()), Tol::kFusedKernel) << what;
+      EXPECT_LE(relErr(wf.grad(), w.grad()), Tol::kFusedKernel) << what;
+    }
+  }
+}
+
+TEST(FusedOps, SwigluEqualsAten) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(22);
+  for (auto [rows, F] : std::vector<std::pair<int64_t, int64_t>>{{4, 48}, {67, 19}, {2, 704}}) {
+    auto gu0 = at::randn({rows, 2 * F}, gen) * 4, up = at::randn({rows, F}, gen);
+    auto gu = gu0.clone().requires_grad_(true);
+    auto ref = swigluReference(gu);
+    (ref * up).sum().backward();
+    for (auto isa : supportedIsas()) {
+      auto g = gu0.clone().requires_grad_(true);
+      auto got = lt::model::fusedSwiglu(g, isa);
+      (got * up).sum().backward();
+      const std::string what = std::string(lt::model::kernelIsaName(isa)) + " " + std::to_string(rows) + "x" +
+                               std::to_string(F);
+      EXPECT_LE(relErr(got, ref), Tol::kFusedKernel) << what;
+      EXPECT_LE(relErr(g.grad(), gu.grad()), Tol::kFusedKernel) << what;
+    }
+  }
+  // Large |gate|: exp's clamp keeps silu finite and exact at the ends (silu(-100) ~ 0, silu(100) = 100).
+  auto ends = at::tensor(std::vector<float>{-100, 100, 1, 1}).view({1, 4});
+  auto h = lt::model::fusedSwiglu(ends);
+  EXPECT_NEAR(h[0][0].item<float>(), 0.0f, 1e-30);
+  EXPECT_FLOAT_EQ(h[0][1].item<float>(), 100.0f);
+}
+
+TEST(FusedOps, RmsNormWeightGradientIsTheSameAtAnyThreadCount) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(23);
+  auto x0 = at::randn({1000, 96}, gen), w0 = at::randn({96}, gen), up = at::randn({1000, 96}, gen);
+  const int before = at::get_num_threads();
+  std::vector<at::Tensor> dw;
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    (lt::model::fusedRmsNorm(x, w, 1e-5) * up).sum().backward();
+    dw.push_back(w.grad());
+  }
+  at::set_num_threads(before);
+  EXPECT_TRUE(at::equal(dw[0], dw[1]));
+}
+
+// The whole model: fused kernels (and one GEMM for q/k/v and for gate/up) against the ATen
+// composition, loss and every parameter gradient.
+TEST(FusedOps, ModelWithFusedKernelsEqualsAtenComposition) {
+  lt::model::ModelConfig cfg;
+  cfg.vocabSize = 64, cfg.hidden = 32, cfg.layers = 2, cfg.heads = 4, cfg.kvHeads = 2, cfg.intermediate = 40;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(24);
+  auto ids = at::randint(0, 64, {2, 24}, gen), labels = at::randint(0, 64, {2, 24}, gen);
+  auto pos = at::arange(24, at::kLong).unsqueeze(0).expand({2, 24});
+  std::vector<std::vector<at::Tensor>> grads;
+  std::vector<double> losses;
+  for (bool fused : {false, true}) {
+    cfg.fusedKernels = fused;
+    lt::model::Model m(cfg, 5);
+    auto ls = lt::model::lossSum(m.forward(ids, pos, lt::model::attentionCore(cfg)), labels);
+    ls.sum.backward();
+    losses.push_back(ls.sum.item<double>());
+    grads.emplace_back();
+    for (auto& p : m.parameters()) grads.back().push_back(p.grad());
+  }
+  EXPECT_NEAR(losses[1], losses[0], Tol::kFusedKernel * losses[0]);
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_LE(relErr(grads[1][i], grads[0][i]), Tol::kFusedKernel) << i;
+}
+
+}  // namespace
