@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "longtrain/model/attention.h"
@@ -95,6 +96,7 @@ void registerAll() {
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  at::set_num_threads(static_cast<int>(std::thread::hardware_concurrency()));  // as a 1-rank run (train.threads 0)
   std::printf("threads %d, fp32 GEMM peak %.1f GFLOP/s\n", at::get_num_threads(), gemmPeak() * 1e-9);
   registerAll();
   benchmark::RunSpecifiedBenchmarks();
