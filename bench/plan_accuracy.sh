@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# bench/plan_accuracy.sh: the memory model against measured peak RSS. For each config (naive
-# vs chunked attention, tiling on/off, 1k-16k tokens, SP = 1/2/4 process ranks, ZeRO-3 on/off)
+# bench/plan_accuracy.sh: the memory model against measured peak RSS. For each config (naive,
+# chunked or fused attention, fused kernels on/off, tiling on/off, 1k-16k tokens, SP = 1/2/4 process ranks, ZeRO-3 on/off)
 # it prints `longtrain plan`'s per-rank prediction, the peak RSS of 2 training steps (max over
 # ranks and steps, from --metrics) and the relative error. Model: bench/plan_base.json.
 # Each rank runs 1 intra-op thread (THREADS; memory does not depend on it, and on a shared
@@ -12,23 +12,31 @@ CFG=${1:-bench/plan_base.json}
 THREADS=${THREADS:-1}
 ROWS=${ROWS:-}
 out=$(mktemp -d)
-C="--set model.attention_chunk=256"; L="--set model.loss_chunk=256"; T="--set model.tiled_mlp=true"
+N="--set model.attention=naive"; C="--set model.attention=chunked --set model.attention_chunk=256"
+F="--set model.attention=fused"; U="--set model.fused_kernels=false"
+L="--set model.loss_chunk=256"; T="--set model.tiled_mlp=true"
 Z="--set zero_optimization.stage=3"
 SO="--set zero_optimization.offload_optimizer.device=cpu --set zero_optimization.offload_optimizer.super_offload=true"
 configs=(
-  "naive            |1|1024 |"
-  "naive            |1|2048 |"
-  "naive+loss       |1|2048 |$L"
-  "naive+loss+mlp   |1|4096 |$L $T"
+  "naive            |1|1024 |$N"
+  "naive            |1|2048 |$N"
+  "naive+loss       |1|2048 |$N $L"
+  "naive+loss+mlp   |1|4096 |$N $L $T"
   "chunk            |1|4096 |$C"
   "chunk+loss       |1|8192 |$C $L"
   "chunk+loss+mlp   |1|16384|$C $L $T"
-  "naive            |2|2048 |"
-  "naive+loss       |4|4096 |$L"
+  "naive            |2|2048 |$N"
+  "naive+loss       |4|4096 |$N $L"
   "chunk+loss+mlp   |2|16384|$C $L $T"
   "chunk+loss+mlp   |4|16384|$C $L $T"
   "zero3 chunk+loss |1|8192 |$C $L $Z"
   "zero3+SO all     |2|16384|$C $L $T $Z $SO"
+  "fused            |1|4096 |$F"
+  "fused+loss       |1|16384|$F $L"
+  "fused+loss+mlp   |4|16384|$F $L $T"
+  "zero3+SO fused   |2|16384|$F $L $T $Z $SO"
+  "naive unfused    |1|2048 |$N $U"
+  "chunk+loss unfused|1|8192 |$C $L $U"
 )
 printf "| %-3s | %-18s | %2s | %7s | %13s | %12s | %7s |\n" row config P seq_len predicted_MiB measured_MiB error
 printf "|%s|%s|%s|%s|%s|%s|%s|\n" ----- -------------------- ---- --------- --------------- -------------- ---------

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/cpu.h"
 
 namespace lt::offload {
 
@@ -60,15 +61,14 @@ void checkArgs(const void* p, const float* g, const float* m, const float* v, in
            a.weightDecay, "; expected a finite value >= 0");
 }
 
+// One definition of what the CPU runs (core/cpu: cpuid and the OS's saved register state), shared
+// with the model's kernels: the AVX-512 kernel needs F and BW, which every CPU with F/BW/DQ/VL has.
 bool cpuHas(AdamIsa isa) {
-  __builtin_cpu_init();
+  const CpuIsa cpu = cpuIsa();
   switch (isa) {
     case AdamIsa::AdamIsaScalar: return true;
-    case AdamIsa::AdamIsaAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case AdamIsa::AdamIsaAvx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("fma");
+    case AdamIsa::AdamIsaAvx2: return cpu.avx2Fma;
+    case AdamIsa::AdamIsaAvx512: return cpu.avx512;
   }
   return false;
 }
