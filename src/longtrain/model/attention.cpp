@@ -11,6 +11,7 @@
 
 #include "longtrain/core/check.h"
 #include "longtrain/model/fused_ops.h"
+#include "longtrain/model/model.h"
 
 namespace lt::model {
 
@@ -95,31 +96,33 @@ struct ChunkedFn : torch::autograd::Function<ChunkedFn> {
   }
 };
 
-at::Tensor mlp(const at::Tensor& x, const at::Tensor& wGate, const at::Tensor& wUp, const at::Tensor& wDown, bool fused) {
-  if (fused) return at::linear(fusedSwiglu(at::linear(x, at::cat({wGate, wUp}))), wDown);
-  return at::linear(at::silu(at::linear(x, wGate)) * at::linear(x, wUp), wDown);
+at::Tensor mlp(const at::Tensor& x, const at::Tensor& wGate, const at::Tensor& wUp, const at::Tensor& wDown,
+               MlpOptions o) {
+  if (o.fused) return linear(fusedSwiglu(linear(x, at::cat({wGate, wUp}), o.bf16)), wDown, o.bf16);
+  return linear(at::silu(linear(x, wGate, o.bf16)) * linear(x, wUp, o.bf16), wDown, o.bf16);
 }
 
 struct TiledMlpFn : torch::autograd::Function<TiledMlpFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& wGate,
-                            const at::Tensor& wUp, const at::Tensor& wDown, int64_t shards, bool fused) {
+                            const at::Tensor& wUp, const at::Tensor& wDown, int64_t shards, bool fused, bool bf16) {
     at::NoGradGuard ng;
     const int64_t S = x.size(1), len = (S + shards - 1) / shards;
     auto out = at::empty_like(x);
     for (int64_t s0 = 0; s0 < S; s0 += len) {
       const int64_t s1 = std::min(S, s0 + len);
-      out.slice(1, s0, s1).copy_(mlp(x.slice(1, s0, s1), wGate, wUp, wDown, fused));
+      out.slice(1, s0, s1).copy_(mlp(x.slice(1, s0, s1), wGate, wUp, wDown, {fused, bf16}));
     }
     ctx->save_for_backward({x, wGate, wUp, wDown});
     ctx->saved_data["len"] = len;
     ctx->saved_data["fused"] = fused;
+    ctx->saved_data["bf16"] = bf16;
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const int64_t S = saved[0].size(1), len = ctx->saved_data["len"].toInt();
-    const bool fused = ctx->saved_data["fused"].toBool();
+    const MlpOptions o{ctx->saved_data["fused"].toBool(), ctx->saved_data["bf16"].toBool()};
     auto dx = at::empty_like(saved[0]);
     std::vector<at::Tensor> dw{at::zeros_like(saved[1]), at::zeros_like(saved[2]), at::zeros_like(saved[3])};
     at::AutoGradMode on(true);
@@ -128,22 +131,22 @@ struct TiledMlpFn : torch::autograd::Function<TiledMlpFn> {
       auto xs = saved[0].slice(1, s0, s1).detach().requires_grad_(true);
       std::vector<at::Tensor> w;
       for (int i = 1; i <= 3; ++i) w.push_back(saved[i].detach().requires_grad_(true));
-      auto y = mlp(xs, w[0], w[1], w[2], fused);
+      auto y = mlp(xs, w[0], w[1], w[2], o);
       auto g = torch::autograd::grad({y}, {xs, w[0], w[1], w[2]}, {grads[0].slice(1, s0, s1)});
       dx.slice(1, s0, s1).copy_(g[0]);
       for (int i = 0; i < 3; ++i) dw[i].add_(g[i + 1]);
     }
-    return {dx, dw[0], dw[1], dw[2], at::Tensor(), at::Tensor()};
+    return {dx, dw[0], dw[1], dw[2], at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor tiledMlp(const at::Tensor& x, const at::Tensor& wGate, const at::Tensor& wUp, const at::Tensor& wDown,
-                    int64_t shards, bool fused) {
+                    int64_t shards, MlpOptions options) {
   LT_ASSERT(shards >= 1);
-  if (shards == 1) return mlp(x, wGate, wUp, wDown, fused);
-  return TiledMlpFn::apply(x, wGate, wUp, wDown, shards, fused);
+  if (shards == 1) return mlp(x, wGate, wUp, wDown, options);
+  return TiledMlpFn::apply(x, wGate, wUp, wDown, shards, options.fused, options.bf16);
 }
 
 at::Tensor chunkedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk) {

@@ -13,9 +13,12 @@ at::Tensor chunkedAttention(const at::Tensor& q, const at::Tensor& k, const at::
 
 // DeepSpeed's TiledMLP: the SwiGLU MLP down(silu(gate(x)) * up(x)) over `shards` sequence
 // shards; forward keeps none of the [B, S, intermediate] activations, backward recomputes
-// them shard by shard. x [B, S, D] -> [B, S, D]. `fused`: gate and up as one GEMM and the
-// fused SwiGLU (fused_ops.h); else the ATen composition.
+// them shard by shard. x [B, S, D] -> [B, S, D].
+struct MlpOptions {
+  bool fused = false;  // gate and up as one GEMM and the fused SwiGLU (fused_ops.h); else ATen's
+  bool bf16 = false;   // the GEMMs in bf16 (model::linear)
+};
 at::Tensor tiledMlp(const at::Tensor& x, const at::Tensor& wGate, const at::Tensor& wUp, const at::Tensor& wDown,
-                    int64_t shards, bool fused = false);
+                    int64_t shards, MlpOptions options = {});
 
 }  // namespace lt::model

@@ -47,6 +47,11 @@ at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
   return at::matmul(p, vt).transpose(1, 2);  // [B, S, H, Dh]
 }
 
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, bool bf16) {
+  if (!bf16) return at::linear(x, w);
+  return at::linear(x.to(at::kBFloat16), w.to(at::kBFloat16)).to(at::kFloat);
+}
+
 AttentionFn attentionCore(const ModelConfig& cfg) {
   const int64_t tile = cfg.attentionChunk;
   if (cfg.attention == "naive") return causalAttention;
@@ -140,7 +145,7 @@ void Model::embedBackward(const at::Tensor& ids, const at::Tensor& gradOut) cons
 at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const AttentionFn& attn) const {
   const auto& k = blocks_[b];
   const int64_t B = x.size(0), S = x.size(1), H = cfg_.heads, KV = cfg_.kvHeads, Dh = cfg_.headDim();
-  const bool fused = cfg_.fusedKernels;
+  const bool fused = cfg_.fusedKernels, bf16 = cfg_.bf16Compute;
   auto norm = [&](const at::Tensor& t, const at::Tensor& w) {
     return fused ? fusedRmsNorm(t, w, cfg_.normEps) : rmsNorm(t, w, cfg_.normEps);
   };
@@ -148,28 +153,28 @@ at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const
   at::Tensor q, kk, v;
   if (fused) {  // one GEMM against [wq; wk; wv], then views of its columns
     const int64_t D = cfg_.hidden, kvDim = KV * Dh;
-    auto qkv = at::linear(h, at::cat({k.wq, k.wk, k.wv}));
+    auto qkv = linear(h, at::cat({k.wq, k.wk, k.wv}), bf16);
     q = qkv.narrow(-1, 0, D).reshape({B, S, H, Dh});
     kk = qkv.narrow(-1, D, kvDim).reshape({B, S, KV, Dh});
     v = qkv.narrow(-1, D + kvDim, kvDim).reshape({B, S, KV, Dh});
   } else {
-    q = at::linear(h, k.wq).view({B, S, H, Dh});
-    kk = at::linear(h, k.wk).view({B, S, KV, Dh});
-    v = at::linear(h, k.wv).view({B, S, KV, Dh});
+    q = linear(h, k.wq, bf16).view({B, S, H, Dh});
+    kk = linear(h, k.wk, bf16).view({B, S, KV, Dh});
+    v = linear(h, k.wv, bf16).view({B, S, KV, Dh});
   }
   q = rope(q, pos, cfg_.ropeTheta);    // [B, S, H, Dh]
   kk = rope(kk, pos, cfg_.ropeTheta);  // [B, S, KV, Dh]
   auto a = attn(q, kk, v).reshape({B, S, H * Dh});
-  auto x1 = x + at::linear(a, k.wo);
+  auto x1 = x + linear(a, k.wo, bf16);
   auto m = norm(x1, k.mlpNorm);
   // DeepSpeed's default shard count; every SP rank holds S/P tokens, so all agree on it.
   const int64_t shards = cfg_.tiledMlp ? std::max<int64_t>(1, (S + cfg_.hidden - 1) / cfg_.hidden) : 1;
-  return x1 + tiledMlp(m, k.wGate, k.wUp, k.wDown, shards, fused);
+  return x1 + tiledMlp(m, k.wGate, k.wUp, k.wDown, shards, {fused, bf16});
 }
 
 at::Tensor Model::logits(const at::Tensor& x) const {
   auto h = cfg_.fusedKernels ? fusedRmsNorm(x, finalNorm_, cfg_.normEps) : rmsNorm(x, finalNorm_, cfg_.normEps);
-  return at::linear(h, lmHead_.defined() ? lmHead_ : embed_);
+  return linear(h, lmHead_.defined() ? lmHead_ : embed_, cfg_.bf16Compute);
 }
 
 at::Tensor Model::forward(const at::Tensor& ids, const at::Tensor& pos, const AttentionFn& attn) const {

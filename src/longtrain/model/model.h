@@ -28,6 +28,9 @@ struct ModelConfig {
   // Fused RMSNorm and SwiGLU (fused_ops.h), q/k/v and gate/up each one GEMM; false: the ATen
   // composition, the reference the fused path is tested against. Parameters are the same.
   bool fusedKernels = true;
+  // GEMMs (projections, MLP, LM head) in bf16 with fp32 outputs; weights, norms, attention,
+  // gradients and the optimizer stay fp32 (bf16.enabled, when the CPU's bf16 GEMM is faster).
+  bool bf16Compute = false;
   int64_t headDim() const { return hidden / heads; }
   int64_t numParams() const;
 };
@@ -35,6 +38,9 @@ struct ModelConfig {
 // The core of attention: q [B, S, H, Dh], k and v [B, S, KV, Dh], already rotated, over the
 // whole sequence; returns [B, S, H, Dh]. Ulysses SP substitutes one that all-to-alls.
 using AttentionFn = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
+
+// x W^T, in bf16 (operands cast, fp32 result) when `bf16`; differentiable in both.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, bool bf16);
 
 // The attention core cfg.attention names, with its tile (cfg.attentionChunk).
 AttentionFn attentionCore(const ModelConfig& cfg);

@@ -201,12 +201,16 @@ Config parseConfig(const json& j, int worldSize) {
     }
     s.finish();
   }
-  for (const char* k : {"bf16", "fp16"}) {
-    Section s = root.sub(k);
-    bool on = s.getBool("enabled", false);
+  {
+    Section s = root.sub("bf16");
+    c.bf16 = s.getBool("enabled", false);
+    c.bf16OnlyIfFaster = s.getBool("only_if_faster", true);
     s.finish();
-    LT_CHECK(!on, "config key '", k, ".enabled' = true: mixed precision is not implemented in this CPU build; ",
-             "set it to false (training runs in fp32)");
+    Section h = root.sub("fp16");
+    const bool fp16 = h.getBool("enabled", false);
+    h.finish();
+    LT_CHECK(!fp16, "config key 'fp16.enabled' = true: fp16 with loss scaling is not implemented in this CPU ",
+             "build; use bf16.enabled (no loss scaling needed) or set it to false (fp32)");
   }
   {
     Section z = root.sub("zero_optimization");

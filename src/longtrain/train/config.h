@@ -84,6 +84,7 @@ struct Config {
   SchedulerConfig scheduler;
   double gradientClipping = 0;
   bool bf16 = false, fp16 = false;
+  bool bf16OnlyIfFaster = true;  // bf16.only_if_faster (longtrain's): false runs bf16 even where it is slower
   ZeroConfig zero;
   CompileConfig compile;
   int sequenceParallelSize = 1;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 
@@ -16,6 +17,7 @@
 #include "longtrain/model/attention.h"
 #include "longtrain/plan/memory_model.h"
 #include "longtrain/train/lr_schedule.h"
+#include "longtrain/train/machine.h"
 
 namespace lt::train {
 
@@ -60,6 +62,7 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
            "\" needs zero_optimization.stage=3");
   LT_CHECK(!cfg_.zero.offloadOptimizer.superOffload || cfg_.zero.offloadOptimizer.device == "cpu",
            "zero_optimization.offload_optimizer.super_offload=true needs offload_optimizer.device=\"cpu\"");
+  if (cfg_.bf16) cfg_.model.bf16Compute = chooseBf16();
   model_ = std::make_unique<model::Model>(cfg_.model, cfg_.seed);
   for (int g = 0; g < model_->numGroups(); ++g) {  // before ZeRO-3 frees the full tensors
     int64_t b = 0;
@@ -171,6 +174,20 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
 }
 
 Engine::~Engine() = default;
+
+bool Engine::chooseBf16() {
+  const double fp32 = measureGemmPeakFlops(false), bf16 = measureGemmPeakFlops(true);
+  // Every rank must build the same model: bf16 only if it is faster on every rank.
+  auto t = at::tensor({bf16 > fp32 || !cfg_.bf16OnlyIfFaster ? 1.0 : 0.0}, at::kDouble);
+  groups_.world->allReduce(t, comm::ReduceOp::ReduceOpMin).wait();
+  const bool use = t.item<double>() > 0;
+  if (groups_.world->rank() == 0)
+    std::printf("longtrain: bf16.enabled: bf16 GEMM %.1f GFLOP/s against fp32 %.1f on this CPU (1024^3, %d threads): %s\n",
+                bf16 / 1e9, fp32 / 1e9, at::get_num_threads(),
+                use ? "GEMMs run in bf16, weights and optimizer in fp32"
+                    : "bf16 is slower here, training runs in fp32 (bf16.only_if_faster=false forces bf16)");
+  return use;
+}
 
 int Engine::chooseGraphBlocks() {
   memoryBudget_ = cfg_.train.memoryBudget > 0 ? cfg_.train.memoryBudget

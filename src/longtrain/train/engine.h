@@ -94,7 +94,8 @@ class Engine {
   void recompile(const std::vector<std::string>& passes, int64_t step);
   void optimizerStep();
   double currentLr() const;
-  int chooseGraphBlocks();  // collective: every rank takes the smallest choice
+  int chooseGraphBlocks();
+  bool chooseBf16();  // bf16.enabled: whether the bf16 GEMM is faster on every rank  // collective: every rank takes the smallest choice
 
   Config cfg_;
   comm::Groups groups_;

@@ -17,9 +17,10 @@ double modelFlopsPerToken(const model::ModelConfig& m, int64_t seqLen) {
   return 6 * matmulParams + 6 * static_cast<double>(m.layers) * static_cast<double>(seqLen) * static_cast<double>(m.hidden);
 }
 
-double measureGemmPeakFlops() {
+double measureGemmPeakFlops(bool bf16) {
   constexpr int64_t n = 1024;
-  auto a = at::randn({n, n}), b = at::randn({n, n}), c = at::empty({n, n});
+  const auto type = bf16 ? at::kBFloat16 : at::kFloat;
+  auto a = at::randn({n, n}).to(type), b = at::randn({n, n}).to(type), c = at::empty({n, n}, type);
   at::mm_out(c, a, b);  // warm-up: thread pool, page faults, packing buffers
   double best = 0;
   const auto start = std::chrono::steady_clock::now();

@@ -94,17 +94,18 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
     }
   }
   // MFU's denominator: every rank's measured GEMM peak at the threads it trains with.
-  auto peakT = at::tensor({measureGemmPeakFlops()}, at::kDouble);
+  // (bf16 GEMMs: against the bf16 peak, the rate those GEMMs could reach.)
+  auto peakT = at::tensor({measureGemmPeakFlops(engine.config().model.bf16Compute)}, at::kDouble);
   groups.world->allReduce(peakT).wait();
   const double gemmPeak = peakT.item<double>();
   const double flopsPerToken = modelFlopsPerToken(cfg.model, cfg.data.seqLen);
   auto mfuOf = [&](double tokensPerS) { return gemmPeak > 0 ? tokensPerS * flopsPerToken / gemmPeak : 0.0; };
   if (lead) {
     const BlasKernelReport blas = blasKernelReport();  // one dlsym lookup for the line
-    std::printf("longtrain: blas core=%s (%s), %d threads/rank, fp32 GEMM peak %.1f GFLOP/s over all ranks "
+    std::printf("longtrain: blas core=%s (%s), %d threads/rank, %s GEMM peak %.1f GFLOP/s over all ranks "
                 "(measured), allocator %s, %.3g model GFLOP/token\n",
                 blas.core.empty() ? "unknown" : blas.core.c_str(), blas.describe().c_str(),
-                at::get_num_threads(), gemmPeak / 1e9, allocatorName().c_str(), flopsPerToken / 1e9);
+                at::get_num_threads(), engine.config().model.bf16Compute ? "bf16" : "fp32", gemmPeak / 1e9, allocatorName().c_str(), flopsPerToken / 1e9);
     std::printf("longtrain: %d rank(s) (sp=%d, dp=%d), model %.2fM params (%lld layers, hidden %lld), data %s\n",
                 groups.world->size(), groups.sp->size(), groups.dp->size(), cfg.model.numParams() / 1e6,
                 (long long)cfg.model.layers, (long long)cfg.model.hidden, engine.dataset().describe().c_str());

@@ -1,0 +1,48 @@
+// bf16 mixed precision (bf16.enabled): GEMMs in bf16 with fp32 weights, gradients and Adam.
+// Losses track fp32 over 50 steps of a quick-start-like run (forced with bf16.only_if_faster =
+// false, so the test runs on CPUs where bf16 is slower too), the parameters stay fp32, and
+// fp16 is refused by name.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "testing.h"
+
+namespace {
+
+using lt::testing::Tol;
+
+nlohmann::json quickLike() {
+  auto j = lt::testing::tinyTrainConfig();
+  j["train"]["steps"] = 50;
+  j["data"]["eval_samples"] = 8;
+  return j;
+}
+
+TEST(Bf16, LossesTrackFp32OverFiftySteps) {
+  at::set_num_threads(1);
+  auto fp32 = lt::testing::trainOnRanks(quickLike(), 1, 1, 50)[0];
+  auto j = quickLike();
+  j["bf16"] = {{"enabled", true}, {"only_if_faster", false}};
+  auto bf16 = lt::testing::trainOnRanks(j, 1, 1, 50)[0];
+  double worst = 0;
+  for (int s = 0; s < 50; ++s) worst = std::max(worst, std::abs(bf16.losses[s] - fp32.losses[s]) / fp32.losses[s]);
+  std::printf("bf16 vs fp32: worst relative loss difference over 50 steps %.3g (first %.3g, last %.4f vs %.4f)\n",
+              worst, std::abs(bf16.losses[0] - fp32.losses[0]) / fp32.losses[0], bf16.losses[49], fp32.losses[49]);
+  EXPECT_LE(worst, Tol::kBf16Loss);
+  // Not fp32 in disguise: bf16 rounding shows at the first step already.
+  EXPECT_GT(std::abs(bf16.losses[0] - fp32.losses[0]), 0.0);
+  for (const auto& p : bf16.params) EXPECT_EQ(p.scalar_type(), at::kFloat);
+  EXPECT_LT(bf16.losses[49], 0.8 * bf16.losses[0]);  // and it learns
+}
+
+TEST(Bf16, Fp16IsRefusedByName) {
+  auto j = quickLike();
+  j["fp16"] = {{"enabled", true}};
+  auto msg = lt::testing::errorOf([&] { lt::train::parseConfig(j, 1); });
+  EXPECT_NE(msg.find("fp16.enabled"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("bf16.enabled"), std::string::npos) << msg;
+}
+
+}  // namespace
