@@ -30,7 +30,8 @@ for line in open(f"{out}/plan.txt"):
 
 def train(ranks, seq, opts, tag):
     args = [binary, "train", cfg, "--nproc", str(ranks), "--set", f"data.seq_len={seq}", "--set", "train.steps=2", "--set", f"train.threads={threads}",
-            "--metrics", f"{out}/{tag}.jsonl"]
+            # the budget the plan chose activation checkpointing for, not the host's default
+            "--set", f"train.memory_budget={budget_s}", "--metrics", f"{out}/{tag}.jsonl"]
     for o in opts: args += ["--set", o]
     r = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:

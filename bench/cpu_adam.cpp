@@ -273,7 +273,7 @@ double diffFromScalar(AdamIsa isa, int threads) {
   std::vector<float> g(kCheckParams);
   fill(g.data(), kCheckParams, 2, 0.1f, 1);
   std::vector<float> p[2], m[2], v[2];
-  const AdamIsa isas[2] = {isa, AdamIsa::AdamIsaScalar};
+  const AdamIsa isas[2] = {isa, AdamIsa::Scalar};
   for (int k = 0; k < 2; ++k) {
     p[k].resize(kCheckParams);
     fill(p[k].data(), kCheckParams, 1, 1.0f, 1);
@@ -340,11 +340,11 @@ void registerAll() {
   benchmark::RegisterBenchmark("BM_Triad", BM_Triad)->Apply(perThreadCount);
   benchmark::RegisterBenchmark("BM_InPlaceRmw", BM_InPlaceRmw)->Apply(perThreadCountAndPages);
   benchmark::RegisterBenchmark("BM_TorchAdamW", BM_TorchAdamW)->Apply(perThreadCountSmallPages);
-  for (AdamIsa isa : {AdamIsa::AdamIsaScalar, AdamIsa::AdamIsaAvx2, AdamIsa::AdamIsaAvx512}) {
+  for (AdamIsa isa : {AdamIsa::Scalar, AdamIsa::Avx2, AdamIsa::Avx512}) {
     if (!lt::offload::adamIsaSupported(isa)) continue;
     const std::string name = std::string("BM_Ours_") + lt::offload::adamIsaName(isa);
     benchmark::RegisterBenchmark(name.c_str(), BM_Ours, isa)
-        ->Apply(isa == AdamIsa::AdamIsaScalar ? perThreadCountSmallPages : perThreadCountAndPages);
+        ->Apply(isa == AdamIsa::Scalar ? perThreadCountSmallPages : perThreadCountAndPages);
   }
 }
 

@@ -20,7 +20,7 @@ TEST_P(Collectives, ClosedForm) {
     c.allReduce(t).wait();
     EXPECT_TRUE(at::equal(t, at::full({5}, n * (n - 1) / 2.0f)));
     auto m = at::full({3}, static_cast<float>(r));
-    c.allReduce(m, lt::comm::ReduceOp::ReduceOpMax).wait();
+    c.allReduce(m, lt::comm::ReduceOp::Max).wait();
     EXPECT_TRUE(at::equal(m, at::full({3}, n - 1.0f)));
     // allGather: rank i contributes [i, i+0.5].
     auto in = at::tensor({r * 1.0f, r + 0.5f});

@@ -34,7 +34,7 @@ struct CpuAdamTol {
 
 std::vector<AdamIsa> availableIsas() {
   std::vector<AdamIsa> out;
-  for (AdamIsa isa : {AdamIsa::AdamIsaScalar, AdamIsa::AdamIsaAvx2, AdamIsa::AdamIsaAvx512})
+  for (AdamIsa isa : {AdamIsa::Scalar, AdamIsa::Avx2, AdamIsa::Avx512})
     if (lt::offload::adamIsaSupported(isa)) out.push_back(isa);
   return out;
 }
@@ -121,10 +121,10 @@ void checkAgainstTorch(bool adamw) {
     const at::Tensor p0 = at::randn({n});
     const auto grads = randGrads(n, 10);
     const State ref = torchRun(a, p0, grads);
-    const State scalar = ourRun(AdamIsa::AdamIsaScalar, a, p0, grads);
+    const State scalar = ourRun(AdamIsa::Scalar, a, p0, grads);
     for (AdamIsa isa : availableIsas()) {
       SCOPED_TRACE(::testing::Message() << lt::offload::adamIsaName(isa) << " n=" << n);
-      const State ours = isa == AdamIsa::AdamIsaScalar ? scalar : ourRun(isa, a, p0, grads);
+      const State ours = isa == AdamIsa::Scalar ? scalar : ourRun(isa, a, p0, grads);
       EXPECT_LE(maxAbsDiff(ours.p, ref.p), CpuAdamTol::kParamAbs);
       EXPECT_LE(maxStateErr(ours.m, ref.m), CpuAdamTol::kStateRel);
       EXPECT_LE(maxStateErr(ours.v, ref.v), CpuAdamTol::kStateRel);
@@ -178,7 +178,7 @@ TEST_F(CpuAdamTest, NoBiasCorrectionMatchesClosedForm) {
   // And bias correction on is a different trajectory (step 1 moves p by ~lr, not ~0.1 lr).
   AdamParams on = a;
   on.biasCorrection = true;
-  EXPECT_GT(maxAbsDiff(ourRun(AdamIsa::AdamIsaScalar, on, p0, grads).p, p), 1e-4);
+  EXPECT_GT(maxAbsDiff(ourRun(AdamIsa::Scalar, on, p0, grads).p, p), 1e-4);
 }
 
 uint16_t bf16Bits(float f) { return c10::BFloat16(f).x; }
@@ -384,7 +384,7 @@ TEST_F(CpuAdamTest, RejectsBadInput) {
   bad.eps = 0;
   EXPECT_THROW(lt::offload::adamStep(p.data(), grad.data(), m.data(), v.data(), 8, 1, bad, 1),
                lt::Error);
-  for (AdamIsa isa : {AdamIsa::AdamIsaAvx2, AdamIsa::AdamIsaAvx512}) {
+  for (AdamIsa isa : {AdamIsa::Avx2, AdamIsa::Avx512}) {
     if (!lt::offload::adamIsaSupported(isa)) {
       EXPECT_THROW(lt::offload::adamStepWith(isa, p.data(), grad.data(), m.data(), v.data(), 8,
                                              1, a, 1),

@@ -114,9 +114,9 @@ std::string Comm::diagnoseFailure() const {
 
 static c10d::ReduceOp toC10d(ReduceOp op) {
   switch (op) {
-    case ReduceOp::ReduceOpSum: return c10d::ReduceOp::SUM;
-    case ReduceOp::ReduceOpMax: return c10d::ReduceOp::MAX;
-    case ReduceOp::ReduceOpMin: return c10d::ReduceOp::MIN;
+    case ReduceOp::Sum: return c10d::ReduceOp::SUM;
+    case ReduceOp::Max: return c10d::ReduceOp::MAX;
+    case ReduceOp::Min: return c10d::ReduceOp::MIN;
   }
   LT_ASSERT(false);
 }

@@ -74,7 +74,7 @@ class Work {
   std::string what_;
 };
 
-enum class ReduceOp { ReduceOpSum, ReduceOpMax, ReduceOpMin };
+enum class ReduceOp { Sum, Max, Min };
 
 class Comm {
  public:
@@ -89,7 +89,7 @@ class Comm {
   const Options& options() const { return opts_; }
   int globalRank(int r) const { return globalRanks_[r]; }
 
-  Work allReduce(at::Tensor t, ReduceOp op = ReduceOp::ReduceOpSum);
+  Work allReduce(at::Tensor t, ReduceOp op = ReduceOp::Sum);
   // out: [size * in.numel()] elements, rank i's `in` at offset i * in.numel(). Any shapes.
   Work allGather(at::Tensor out, at::Tensor in);
   // in: any length N (flat); out: this rank's chunk of the sum, chunk sizes from chunkSizes(N).

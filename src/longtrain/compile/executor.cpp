@@ -42,71 +42,71 @@ MicroBatchStats Executor::run(const Program& p, const data::Batch& batch, const 
     const int64_t gatheredBefore = hooks_.gatheredBytes ? hooks_.gatheredBytes() : 0;
     if (o.profile) o.profile->instrs[pc].liveBefore = live();
     switch (in.op) {
-      case OpCode::OpGather:
+      case OpCode::Gather:
         if (hooks_.gather) hooks_.gather(in.group);
         break;
-      case OpCode::OpRelease:
+      case OpCode::Release:
         if (hooks_.release) hooks_.release(in.group);
         break;
-      case OpCode::OpEmbed: {
+      case OpCode::Embed: {
         at::NoGradGuard ng;
         kept[0] = model_.embed(batch.input_ids);
         break;
       }
-      case OpCode::OpForward: {
+      case OpCode::Forward: {
         at::NoGradGuard ng;
         kept[in.group + 1] = model_.block(in.group, kept[in.group], batch.position_ids, attn_);
         break;
       }
-      case OpCode::OpLossAndGrad:
+      case OpCode::LossAndGrad:
         grad = lossAndGrad(kept[L], batch.shift_labels, o.gradScale / o.lossDenominator, true, st);
         kept[L] = at::Tensor();
         break;
-      case OpCode::OpForwardGraph: {
+      case OpCode::ForwardGraph: {
         // The same ops on the same values as RecomputeBackward's recompute: bit-identical.
         graphIn[in.group] = kept[in.group].detach().requires_grad_(true);
         graphOut[in.group] = model_.block(in.group, graphIn[in.group], batch.position_ids, attn_);
         kept[in.group + 1] = graphOut[in.group].detach();
         break;
       }
-      case OpCode::OpBackward: {
+      case OpCode::Backward: {
         LT_ASSERT(graphOut[in.group].defined(), "Backward(", in.group, ") without its ForwardGraph");
         graphOut[in.group].backward(grad);
         grad = graphIn[in.group].grad();
         graphIn[in.group] = graphOut[in.group] = at::Tensor();  // the graph goes with them
         break;
       }
-      case OpCode::OpRecomputeBackward: {
+      case OpCode::RecomputeBackward: {
         auto x = kept[in.group].detach().requires_grad_(true);
         auto y = model_.block(in.group, x, batch.position_ids, attn_);
         y.backward(grad);
         grad = x.grad();
         break;  // kept[b] lives on until FreeActivation(b) or the end of the micro-step
       }
-      case OpCode::OpPrefetch:
+      case OpCode::Prefetch:
         if (hooks_.prefetch) hooks_.prefetch(in.group);
         break;
-      case OpCode::OpFreeActivation:
+      case OpCode::FreeActivation:
         kept[in.group] = at::Tensor();
         break;
-      case OpCode::OpOffloadActivation:
+      case OpCode::OffloadActivation:
         // The host is the device in this build: accounted, nothing copied. On an accelerator
         // this is kept[b].to(kCPU, non_blocking) into pinned memory.
         if (!kept[in.group].is_cpu()) kept[in.group] = kept[in.group].to(at::kCPU);
         offloaded[in.group] = 1;
         break;
-      case OpCode::OpReloadActivation:
+      case OpCode::ReloadActivation:
         offloaded[in.group] = 0;
         break;
-      case OpCode::OpEmbedBackward: {
+      case OpCode::EmbedBackward: {
         model_.embedBackward(batch.input_ids, grad);
         grad = at::Tensor();
         break;
       }
-      case OpCode::OpReduceGrads:
+      case OpCode::ReduceGrads:
         if (hooks_.reduceGrads) hooks_.reduceGrads(in.group, o.boundary);
         break;
-      case OpCode::OpOptimizerStep:
+      case OpCode::OptimizerStep:
         if (o.boundary && hooks_.optimizerStep) hooks_.optimizerStep();
         break;
     }
@@ -116,7 +116,7 @@ MicroBatchStats Executor::run(const Program& p, const data::Batch& batch, const 
       auto& ip = o.profile->instrs[pc];
       ip.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       ip.liveAfter = live();
-      if (in.op == OpCode::OpGather || in.op == OpCode::OpPrefetch)
+      if (in.op == OpCode::Gather || in.op == OpCode::Prefetch)
         ip.bytesMoved = std::max<int64_t>(0, (hooks_.gatheredBytes ? hooks_.gatheredBytes() : 0) - gatheredBefore);
       o.profile->peakLive = std::max({o.profile->peakLive, ip.liveBefore, ip.liveAfter});
     }
@@ -130,14 +130,14 @@ MicroBatchStats Executor::evaluate(const Program& p, const data::Batch& batch) {
   MicroBatchStats st;
   bool backwardHalf = false;  // after the loss only Release runs (to free what the loss used)
   for (const Instr& in : p.code) {
-    if (in.op == OpCode::OpRelease && hooks_.release) hooks_.release(in.group);
+    if (in.op == OpCode::Release && hooks_.release) hooks_.release(in.group);
     if (backwardHalf) continue;
-    if (in.op == OpCode::OpGather && hooks_.gather) hooks_.gather(in.group);
-    else if (in.op == OpCode::OpPrefetch && hooks_.prefetch) hooks_.prefetch(in.group);
-    else if (in.op == OpCode::OpEmbed) x = model_.embed(batch.input_ids);
-    else if (in.op == OpCode::OpForward || in.op == OpCode::OpForwardGraph)
+    if (in.op == OpCode::Gather && hooks_.gather) hooks_.gather(in.group);
+    else if (in.op == OpCode::Prefetch && hooks_.prefetch) hooks_.prefetch(in.group);
+    else if (in.op == OpCode::Embed) x = model_.embed(batch.input_ids);
+    else if (in.op == OpCode::Forward || in.op == OpCode::ForwardGraph)
       x = model_.block(in.group, x, batch.position_ids, attn_);
-    else if (in.op == OpCode::OpLossAndGrad) {
+    else if (in.op == OpCode::LossAndGrad) {
       lossAndGrad(x, batch.shift_labels, 0, false, st);
       backwardHalf = true;
     }

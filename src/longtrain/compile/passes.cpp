@@ -12,8 +12,8 @@ namespace lt::compile {
 namespace {
 
 bool isCompute(OpCode op) {
-  return op == OpCode::OpEmbed || op == OpCode::OpForward || op == OpCode::OpLossAndGrad ||
-         op == OpCode::OpRecomputeBackward || op == OpCode::OpForwardGraph || op == OpCode::OpBackward;
+  return op == OpCode::Embed || op == OpCode::Forward || op == OpCode::LossAndGrad ||
+         op == OpCode::RecomputeBackward || op == OpCode::ForwardGraph || op == OpCode::Backward;
 }
 
 // zero3: gather each group right before an instruction that reads it, release right after.
@@ -22,13 +22,13 @@ bool isCompute(OpCode op) {
 Program passZero3(const Program& p, const PassContext& c) {
   Program z;
   for (const auto& in : p.code) {
-    LT_ASSERT(in.op != OpCode::OpGather && in.op != OpCode::OpRelease, "zero3 applied twice");
+    LT_ASSERT(in.op != OpCode::Gather && in.op != OpCode::Release, "zero3 applied twice");
     auto used = paramGroupsUsed(in, c.numBlocks, c.tiedEmbeddings);
-    if (in.op != OpCode::OpBackward)
-      for (int g : used) z.code.push_back({OpCode::OpGather, g});
+    if (in.op != OpCode::Backward)
+      for (int g : used) z.code.push_back({OpCode::Gather, g});
     z.code.push_back(in);
-    if (in.op != OpCode::OpForwardGraph)
-      for (auto it = used.rbegin(); it != used.rend(); ++it) z.code.push_back({OpCode::OpRelease, *it});
+    if (in.op != OpCode::ForwardGraph)
+      for (auto it = used.rbegin(); it != used.rend(); ++it) z.code.push_back({OpCode::Release, *it});
   }
   return z;
 }
@@ -41,9 +41,9 @@ std::vector<int64_t> liveGathered(const Program& p, const std::vector<int64_t>& 
   for (size_t i = 0; i < p.code.size(); ++i) {
     live[i] = cur;
     const auto& in = p.code[i];
-    if ((in.op == OpCode::OpGather || in.op == OpCode::OpPrefetch) && held.insert(in.group).second)
+    if ((in.op == OpCode::Gather || in.op == OpCode::Prefetch) && held.insert(in.group).second)
       cur += bytes[in.group];
-    if (in.op == OpCode::OpRelease && held.erase(in.group)) cur -= bytes[in.group];
+    if (in.op == OpCode::Release && held.erase(in.group)) cur -= bytes[in.group];
   }
   live[p.code.size()] = cur;
   return live;
@@ -57,7 +57,7 @@ Program passPrefetch(const Program& p, const PassContext& c) {
   // In program order, so each decision sees the prefetches already placed before it.
   for (size_t i = 0; i < out.code.size(); ++i) {
     const Instr in = out.code[i];
-    if (in.op != OpCode::OpGather) continue;
+    if (in.op != OpCode::Gather) continue;
     const int64_t b = c.groupBytes[in.group];
     if (c.prefetchBucketBytes > 0 && b > c.prefetchBucketBytes) continue;
     // The compute instruction before this gather, then back over the Gathers feeding it,
@@ -65,12 +65,12 @@ Program passPrefetch(const Program& p, const PassContext& c) {
     int j = static_cast<int>(i) - 1;
     while (j >= 0 && !isCompute(out.code[j].op)) --j;
     if (j < 0) continue;
-    while (j > 0 && out.code[j - 1].op == OpCode::OpGather) --j;
+    while (j > 0 && out.code[j - 1].op == OpCode::Gather) --j;
     // Not across an earlier use of the same group (it is released after that use).
     bool clash = false;
     for (size_t k = j; k < i; ++k)
-      if ((out.code[k].op == OpCode::OpGather || out.code[k].op == OpCode::OpRelease ||
-           out.code[k].op == OpCode::OpPrefetch) && out.code[k].group == in.group)
+      if ((out.code[k].op == OpCode::Gather || out.code[k].op == OpCode::Release ||
+           out.code[k].op == OpCode::Prefetch) && out.code[k].group == in.group)
         clash = true;
     if (clash) continue;
     auto live = liveGathered(out, c.groupBytes);
@@ -78,7 +78,7 @@ Program passPrefetch(const Program& p, const PassContext& c) {
     for (size_t k = j; k <= i; ++k) peak = std::max(peak, live[k + 1]);  // live after each
     peak = std::max(peak, live[j]);
     if (c.maxLiveBytes > 0 && peak + b > c.maxLiveBytes) continue;
-    out.code.insert(out.code.begin() + j, Instr{OpCode::OpPrefetch, in.group});
+    out.code.insert(out.code.begin() + j, Instr{OpCode::Prefetch, in.group});
     ++i;  // the gather moved one slot on
   }
   return out;
@@ -114,7 +114,7 @@ Program passSelectiveGather(const Program& p, const PassContext& c) {
   }
   Program out;
   for (const auto& in : p.code)
-    if (!(in.op == OpCode::OpRelease && keep[in.group])) out.code.push_back(in);
+    if (!(in.op == OpCode::Release && keep[in.group])) out.code.push_back(in);
   return out;
 }
 
@@ -123,8 +123,8 @@ Program passFreeActivations(const Program& p, const PassContext&) {
   Program out;
   for (const auto& in : p.code) {
     out.code.push_back(in);
-    if (in.op == OpCode::OpRecomputeBackward || in.op == OpCode::OpBackward)
-      out.code.push_back({OpCode::OpFreeActivation, in.group});
+    if (in.op == OpCode::RecomputeBackward || in.op == OpCode::Backward)
+      out.code.push_back({OpCode::FreeActivation, in.group});
   }
   return out;
 }
@@ -136,14 +136,14 @@ Program passOffloadActivations(const Program& p, const PassContext&) {
   Program out;
   for (size_t i = 0; i < p.code.size(); ++i) {
     const auto& in = p.code[i];
-    if (in.op == OpCode::OpRecomputeBackward) {
+    if (in.op == OpCode::RecomputeBackward) {
       // Put the reload before the run of Gathers that precedes the recompute.
       size_t k = out.code.size();
-      while (k > 0 && out.code[k - 1].op == OpCode::OpGather) --k;
-      out.code.insert(out.code.begin() + k, Instr{OpCode::OpReloadActivation, in.group});
+      while (k > 0 && out.code[k - 1].op == OpCode::Gather) --k;
+      out.code.insert(out.code.begin() + k, Instr{OpCode::ReloadActivation, in.group});
     }
     out.code.push_back(in);
-    if (in.op == OpCode::OpForward) out.code.push_back({OpCode::OpOffloadActivation, in.group});
+    if (in.op == OpCode::Forward) out.code.push_back({OpCode::OffloadActivation, in.group});
   }
   return out;
 }
@@ -153,7 +153,7 @@ Program passOffloadActivations(const Program& p, const PassContext&) {
 std::vector<double> Profile::gatherSecondsByGroup(int numGroups) const {
   std::vector<double> s(numGroups, 0);
   for (size_t i = 0; i < instrs.size() && i < program.code.size(); ++i)
-    if (program.code[i].op == OpCode::OpGather || program.code[i].op == OpCode::OpPrefetch)
+    if (program.code[i].op == OpCode::Gather || program.code[i].op == OpCode::Prefetch)
       s[program.code[i].group] += instrs[i].seconds;
   return s;
 }

@@ -7,21 +7,21 @@ namespace lt::compile {
 
 const char* opName(OpCode op) {
   switch (op) {
-    case OpCode::OpEmbed: return "Embed";
-    case OpCode::OpGather: return "Gather";
-    case OpCode::OpForward: return "Forward";
-    case OpCode::OpRelease: return "Release";
-    case OpCode::OpLossAndGrad: return "LossAndGrad";
-    case OpCode::OpRecomputeBackward: return "RecomputeBackward";
-    case OpCode::OpEmbedBackward: return "EmbedBackward";
-    case OpCode::OpReduceGrads: return "ReduceGrads";
-    case OpCode::OpOptimizerStep: return "OptimizerStep";
-    case OpCode::OpPrefetch: return "Prefetch";
-    case OpCode::OpFreeActivation: return "FreeActivation";
-    case OpCode::OpOffloadActivation: return "OffloadActivation";
-    case OpCode::OpReloadActivation: return "ReloadActivation";
-    case OpCode::OpForwardGraph: return "ForwardGraph";
-    case OpCode::OpBackward: return "Backward";
+    case OpCode::Embed: return "Embed";
+    case OpCode::Gather: return "Gather";
+    case OpCode::Forward: return "Forward";
+    case OpCode::Release: return "Release";
+    case OpCode::LossAndGrad: return "LossAndGrad";
+    case OpCode::RecomputeBackward: return "RecomputeBackward";
+    case OpCode::EmbedBackward: return "EmbedBackward";
+    case OpCode::ReduceGrads: return "ReduceGrads";
+    case OpCode::OptimizerStep: return "OptimizerStep";
+    case OpCode::Prefetch: return "Prefetch";
+    case OpCode::FreeActivation: return "FreeActivation";
+    case OpCode::OffloadActivation: return "OffloadActivation";
+    case OpCode::ReloadActivation: return "ReloadActivation";
+    case OpCode::ForwardGraph: return "ForwardGraph";
+    case OpCode::Backward: return "Backward";
   }
   LT_ASSERT(false);
 }
@@ -40,12 +40,12 @@ std::string Program::listing() const {
 std::vector<int> paramGroupsUsed(const Instr& in, int numBlocks, bool tiedEmbeddings) {
   const int head = numBlocks, embed = numBlocks + 1;
   switch (in.op) {
-    case OpCode::OpEmbed: return {embed};
-    case OpCode::OpForward:
-    case OpCode::OpForwardGraph:
-    case OpCode::OpBackward:  // autograd reads the saved parameters
-    case OpCode::OpRecomputeBackward: return {in.group};
-    case OpCode::OpLossAndGrad: return tiedEmbeddings ? std::vector<int>{embed, head} : std::vector<int>{head};
+    case OpCode::Embed: return {embed};
+    case OpCode::Forward:
+    case OpCode::ForwardGraph:
+    case OpCode::Backward:  // autograd reads the saved parameters
+    case OpCode::RecomputeBackward: return {in.group};
+    case OpCode::LossAndGrad: return tiedEmbeddings ? std::vector<int>{embed, head} : std::vector<int>{head};
     default: return {};  // EmbedBackward reads no weights
   }
 }
@@ -56,17 +56,17 @@ Program baseProgram(int numBlocks, int graphBlocks) {
   Program p;
   const int head = numBlocks, embed = numBlocks + 1;
   auto emit = [&](OpCode op, int g = -1) { p.code.push_back({op, g}); };
-  emit(OpCode::OpEmbed, embed);
-  for (int b = 0; b < numBlocks; ++b) emit(keepsGraph(b) ? OpCode::OpForwardGraph : OpCode::OpForward, b);
-  emit(OpCode::OpLossAndGrad, head);
-  emit(OpCode::OpReduceGrads, head);  // final norm and LM head: their gradients are complete
+  emit(OpCode::Embed, embed);
+  for (int b = 0; b < numBlocks; ++b) emit(keepsGraph(b) ? OpCode::ForwardGraph : OpCode::Forward, b);
+  emit(OpCode::LossAndGrad, head);
+  emit(OpCode::ReduceGrads, head);  // final norm and LM head: their gradients are complete
   for (int b = numBlocks - 1; b >= 0; --b) {
-    emit(keepsGraph(b) ? OpCode::OpBackward : OpCode::OpRecomputeBackward, b);
-    emit(OpCode::OpReduceGrads, b);
+    emit(keepsGraph(b) ? OpCode::Backward : OpCode::RecomputeBackward, b);
+    emit(OpCode::ReduceGrads, b);
   }
-  emit(OpCode::OpEmbedBackward, embed);
-  emit(OpCode::OpReduceGrads, embed);
-  emit(OpCode::OpOptimizerStep);
+  emit(OpCode::EmbedBackward, embed);
+  emit(OpCode::ReduceGrads, embed);
+  emit(OpCode::OptimizerStep);
   return p;
 }
 

@@ -11,21 +11,21 @@
 namespace lt::compile {
 
 enum class OpCode {
-  OpEmbed,              // x0 = embed(ids), no grad
-  OpGather,             // make group g's parameters whole (ZeRO-3); no-op otherwise
-  OpForward,            // x_{g+1} = block_g(x_g), no grad; x_g kept
-  OpRelease,            // drop group g's gathered parameters
-  OpLossAndGrad,        // loss of head(x_L); its gradient flows into x_L and the head group
-  OpRecomputeBackward,  // recompute block g from kept x_g with grad, backprop dL/dx_{g+1}
-  OpEmbedBackward,      // backprop dL/dx0 into the embedding
-  OpReduceGrads,        // start reducing group g's gradients (async)
-  OpOptimizerStep,      // wait for reductions, validate, step; boundary only
-  OpPrefetch,           // start gathering group g asynchronously; a later Gather(g) waits for it
-  OpFreeActivation,     // free the kept input of block g (after its last use)
-  OpOffloadActivation,  // move the kept input of block g to host memory
-  OpReloadActivation,   // bring it back before its use
-  OpForwardGraph,       // x_{g+1} = block_g(x_g) with grad; the block's autograd graph is kept
-  OpBackward,           // backprop dL/dx_{g+1} through block g's kept graph (no recompute)
+  Embed,              // x0 = embed(ids), no grad
+  Gather,             // make group g's parameters whole (ZeRO-3); no-op otherwise
+  Forward,            // x_{g+1} = block_g(x_g), no grad; x_g kept
+  Release,            // drop group g's gathered parameters
+  LossAndGrad,        // loss of head(x_L); its gradient flows into x_L and the head group
+  RecomputeBackward,  // recompute block g from kept x_g with grad, backprop dL/dx_{g+1}
+  EmbedBackward,      // backprop dL/dx0 into the embedding
+  ReduceGrads,        // start reducing group g's gradients (async)
+  OptimizerStep,      // wait for reductions, validate, step; boundary only
+  Prefetch,           // start gathering group g asynchronously; a later Gather(g) waits for it
+  FreeActivation,     // free the kept input of block g (after its last use)
+  OffloadActivation,  // move the kept input of block g to host memory
+  ReloadActivation,   // bring it back before its use
+  ForwardGraph,       // x_{g+1} = block_g(x_g) with grad; the block's autograd graph is kept
+  Backward,           // backprop dL/dx_{g+1} through block g's kept graph (no recompute)
 };
 
 struct Instr {

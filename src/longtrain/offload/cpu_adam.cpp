@@ -66,9 +66,9 @@ void checkArgs(const void* p, const float* g, const float* m, const float* v, in
 bool cpuHas(AdamIsa isa) {
   const CpuIsa cpu = cpuIsa();
   switch (isa) {
-    case AdamIsa::AdamIsaScalar: return true;
-    case AdamIsa::AdamIsaAvx2: return cpu.avx2Fma;
-    case AdamIsa::AdamIsaAvx512: return cpu.avx512;
+    case AdamIsa::Scalar: return true;
+    case AdamIsa::Avx2: return cpu.avx2Fma;
+    case AdamIsa::Avx512: return cpu.avx512;
   }
   return false;
 }
@@ -154,9 +154,9 @@ void scalarKernelBf16(uint16_t* pBf16, float* pMaster, const float* g, float* m,
 void runKernel(AdamIsa isa, const float* pIn, const float* mIn, const float* vIn, const float* g, float* p,
                float* m, float* v, int64_t n, const AdamCoeffs& c) {
   switch (isa) {
-    case AdamIsa::AdamIsaAvx512: return detail::adamKernelAvx512(pIn, mIn, vIn, g, p, m, v, n, c);
-    case AdamIsa::AdamIsaAvx2: return detail::adamKernelAvx2(pIn, mIn, vIn, g, p, m, v, n, c);
-    case AdamIsa::AdamIsaScalar:
+    case AdamIsa::Avx512: return detail::adamKernelAvx512(pIn, mIn, vIn, g, p, m, v, n, c);
+    case AdamIsa::Avx2: return detail::adamKernelAvx2(pIn, mIn, vIn, g, p, m, v, n, c);
+    case AdamIsa::Scalar:
       return c.l2 != 0 ? scalarKernel<true>(pIn, mIn, vIn, g, p, m, v, n, c)
                        : scalarKernel<false>(pIn, mIn, vIn, g, p, m, v, n, c);
   }
@@ -165,9 +165,9 @@ void runKernel(AdamIsa isa, const float* pIn, const float* mIn, const float* vIn
 void runKernelBf16(AdamIsa isa, uint16_t* pBf16, float* pMaster, const float* g, float* m,
                    float* v, int64_t n, const AdamCoeffs& c) {
   switch (isa) {
-    case AdamIsa::AdamIsaAvx512: return detail::adamKernelBf16Avx512(pBf16, pMaster, g, m, v, n, c);
-    case AdamIsa::AdamIsaAvx2: return detail::adamKernelBf16Avx2(pBf16, pMaster, g, m, v, n, c);
-    case AdamIsa::AdamIsaScalar:
+    case AdamIsa::Avx512: return detail::adamKernelBf16Avx512(pBf16, pMaster, g, m, v, n, c);
+    case AdamIsa::Avx2: return detail::adamKernelBf16Avx2(pBf16, pMaster, g, m, v, n, c);
+    case AdamIsa::Scalar:
       return c.l2 != 0 ? scalarKernelBf16<true>(pBf16, pMaster, g, m, v, n, c)
                        : scalarKernelBf16<false>(pBf16, pMaster, g, m, v, n, c);
   }
@@ -181,9 +181,9 @@ void checkIsa(AdamIsa isa) {
 }  // namespace
 
 AdamIsa adamBestIsa() {
-  static const AdamIsa best = cpuHas(AdamIsa::AdamIsaAvx512) ? AdamIsa::AdamIsaAvx512
-                              : cpuHas(AdamIsa::AdamIsaAvx2) ? AdamIsa::AdamIsaAvx2
-                                                             : AdamIsa::AdamIsaScalar;
+  static const AdamIsa best = cpuHas(AdamIsa::Avx512) ? AdamIsa::Avx512
+                              : cpuHas(AdamIsa::Avx2) ? AdamIsa::Avx2
+                                                             : AdamIsa::Scalar;
   return best;
 }
 
@@ -191,9 +191,9 @@ bool adamIsaSupported(AdamIsa isa) { return cpuHas(isa); }
 
 const char* adamIsaName(AdamIsa isa) {
   switch (isa) {
-    case AdamIsa::AdamIsaScalar: return "scalar";
-    case AdamIsa::AdamIsaAvx2: return "avx2";
-    case AdamIsa::AdamIsaAvx512: return "avx512";
+    case AdamIsa::Scalar: return "scalar";
+    case AdamIsa::Avx2: return "avx2";
+    case AdamIsa::Avx512: return "avx512";
   }
   return "unknown";
 }

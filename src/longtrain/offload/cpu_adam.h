@@ -35,7 +35,7 @@ struct AdamParams {
   bool biasCorrection = true;  // false: bias1 = bias2 = 1
 };
 
-enum class AdamIsa { AdamIsaScalar, AdamIsaAvx2, AdamIsaAvx512 };
+enum class AdamIsa { Scalar, Avx2, Avx512 };
 
 AdamIsa adamBestIsa();                // the fastest kernel this CPU can run
 bool adamIsaSupported(AdamIsa isa);   // the scalar kernel is always supported

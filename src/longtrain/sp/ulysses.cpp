@@ -116,7 +116,7 @@ std::optional<data::Batch> UlyssesLoader::next() {
     std::optional<data::Batch> mine = src_->next();
     // Every rank learns whether any rank's epoch ended, so all end it together (no hang).
     auto ended = at::full({1}, mine ? 0.0f : 1.0f);
-    sp_->allReduce(ended, comm::ReduceOp::ReduceOpMax).wait();
+    sp_->allReduce(ended, comm::ReduceOp::Max).wait();
     if (ended.item<float>() > 0) {
       src_->reset();
       return std::nullopt;

@@ -179,7 +179,7 @@ bool Engine::chooseBf16() {
   const double fp32 = measureGemmPeakFlops(false), bf16 = measureGemmPeakFlops(true);
   // Every rank must build the same model: bf16 only if it is faster on every rank.
   auto t = at::tensor({bf16 > fp32 || !cfg_.bf16OnlyIfFaster ? 1.0 : 0.0}, at::kDouble);
-  groups_.world->allReduce(t, comm::ReduceOp::ReduceOpMin).wait();
+  groups_.world->allReduce(t, comm::ReduceOp::Min).wait();
   const bool use = t.item<double>() > 0;
   if (groups_.world->rank() == 0)
     std::printf("longtrain: bf16.enabled: bf16 GEMM %.1f GFLOP/s against fp32 %.1f on this CPU (1024^3, %d threads): %s\n",
@@ -195,7 +195,7 @@ int Engine::chooseGraphBlocks() {
   int k = plan::graphBlocksFor(cfg_, groups_.world->size(), memoryBudget_);
   // Every rank must run the same program (its collectives pair up): the smallest choice wins.
   auto t = at::tensor({static_cast<double>(k)}, at::kDouble);
-  groups_.world->allReduce(t, comm::ReduceOp::ReduceOpMin).wait();
+  groups_.world->allReduce(t, comm::ReduceOp::Min).wait();
   return static_cast<int>(t.item<double>());
 }
 
@@ -224,7 +224,7 @@ void Engine::recompile(const std::vector<std::string>& passes, int64_t step) {
       d[2 * n + i] = static_cast<double>(lastProfile_.instrs[i].liveAfter);
     }
     d[3 * n] = static_cast<double>(lastProfile_.peakLive);
-    groups_.world->allReduce(t, comm::ReduceOp::ReduceOpMax).wait();
+    groups_.world->allReduce(t, comm::ReduceOp::Max).wait();
     for (int64_t i = 0; i < n; ++i) {
       lastProfile_.instrs[i].seconds = d[i];
       lastProfile_.instrs[i].liveBefore = static_cast<int64_t>(d[n + i]);
@@ -373,7 +373,7 @@ StepMetrics Engine::step() {
     if (j == 0) {
       lastProfile_ = std::move(prof);
       for (size_t i = 0; i < program_.code.size(); ++i)
-        if (program_.code[i].op == compile::OpCode::OpGather) exposedGather += lastProfile_.instrs[i].seconds;
+        if (program_.code[i].op == compile::OpCode::Gather) exposedGather += lastProfile_.instrs[i].seconds;
       activationPeak = st.peakActivationBytes;
     }
     lossSum += st.lossSum / denom;
@@ -384,7 +384,7 @@ StepMetrics Engine::step() {
   auto sums = at::tensor({lossSum, static_cast<double>(tokens), static_cast<double>(correct)}, at::kDouble);
   groups_.world->allReduce(sums).wait();
   auto peak = at::tensor({static_cast<double>(peakRssBytes())}, at::kDouble);
-  groups_.world->allReduce(peak, comm::ReduceOp::ReduceOpMax).wait();
+  groups_.world->allReduce(peak, comm::ReduceOp::Max).wait();
 
   StepMetrics m;
   m.step = step_;
