@@ -99,7 +99,7 @@ TEST(Trace, TwoRanksWriteOneChromeTraceWithMfuInTheMetrics) {
       EXPECT_GE(e["dur"].get<int64_t>(), 0);
     }
   for (int rank : {0, 1})
-    for (const char* cat : {"program", "collective", "adam", "step"})
+    for (const char* cat : {"program", "collective", "adam", "step", "kernel"})
       EXPECT_TRUE(seen.count({rank, cat})) << "rank " << rank << " has no '" << cat << "' event";
   std::ifstream m(metrics);
   std::string line;

@@ -20,6 +20,7 @@
 #include "longtrain/core/check.h"
 #include "longtrain/core/cpu.h"
 #include "longtrain/core/memory.h"
+#include "longtrain/model/kernel_isa.h"
 #include "longtrain/plan/memory_model.h"
 #include "longtrain/train/config.h"
 #include "longtrain/train/machine.h"
@@ -202,6 +203,9 @@ int cmdInfo(int threads) {
   std::printf("allocator: %s\n", lt::allocatorName().c_str());
   std::printf("threads: %d\n", at::get_num_threads());
   std::printf("gemm peak: %.1f GFLOP/s (fp32, 1024^3, best of several)\n", lt::train::measureGemmPeakFlops() / 1e9);
+  std::printf("gemm peak bf16: %.1f GFLOP/s (libtorch's oneDNN; bf16.enabled uses it only where it is faster)\n",
+              lt::train::measureGemmPeakFlops(true) / 1e9);
+  std::printf("fused kernels: %s (attention, RMSNorm, SwiGLU)\n", lt::model::kernelIsaName(lt::model::kernelBestIsa()));
   const double err = lt::train::blasRelativeError();
   std::printf("gemm relative error: %.3g (against a double-precision loop; fp32 expects < 1e-5)\n", err);
   LT_CHECK(err < 1e-5, "the BLAS kernel ", blas.core, " computes wrong results here (relative error ", err,

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/trace.h"
 #include "longtrain/model/attention_kernels.h"
 
 namespace lt::model {
@@ -69,6 +70,7 @@ const int64_t* startPtr(const at::Tensor& start) { return start.numel() > 0 ? st
 struct FusedAttentionFn : torch::autograd::Function<FusedAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& start, int64_t tile, int64_t isa) {
+    trace::Scope scope("kernel", "attention forward");
     at::NoGradGuard ng;
     const Shape s = shapeOf(q, k, tile);
     auto out = at::empty_like(q);
@@ -93,6 +95,7 @@ struct FusedAttentionFn : torch::autograd::Function<FusedAttentionFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    trace::Scope scope("kernel", "attention backward");
     at::NoGradGuard ng;
     auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
