@@ -1,4 +1,4 @@
-// Fused RMSNorm and SwiGLU against the ATen compositions in model.cpp (output and every input
+// Fused RMSNorm, SwiGLU and RoPE against the ATen compositions in model.cpp (output and every input
 // gradient, each ISA this CPU runs, odd widths that leave vector tails, rows that leave a partial
 // chunk), their determinism across thread counts, and the whole model with fused kernels on and
 // off (model.fused_kernels) agreeing on the loss and every parameter's gradient.
@@ -73,6 +73,30 @@ TEST(FusedOps, SwigluEqualsAten) {
   auto h = lt::model::fusedSwiglu(ends);
   EXPECT_NEAR(h[0][0].item<float>(), 0.0f, 1e-30);
   EXPECT_FLOAT_EQ(h[0][1].item<float>(), 100.0f);
+}
+
+// RoPE read in place from a column slice of a wider tensor (as from the one q/k/v GEMM), with
+// arbitrary positions and a head dim whose half leaves a vector tail.
+TEST(FusedOps, RopeEqualsAtenFromAStridedSlice) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(25);
+  for (auto [H, Dh] : std::vector<std::pair<int64_t, int64_t>>{{4, 16}, {3, 6}, {2, 64}}) {
+    const int64_t B = 2, S = 37, width = H * Dh;
+    auto wide0 = at::randn({B, S, 3 * width}, gen), up = at::randn({B, S, H, Dh}, gen);
+    auto pos = at::randint(0, 1000, {B, S}, gen);
+    auto wide = wide0.clone().requires_grad_(true);
+    auto ref = lt::model::rope(wide.narrow(-1, width, width).reshape({B, S, H, Dh}), pos, 10000.0);
+    (ref * up).sum().backward();
+    const auto table = lt::model::ropeTable(pos, Dh, 10000.0);
+    for (auto isa : supportedIsas()) {
+      auto w = wide0.clone().requires_grad_(true);
+      auto got = lt::model::fusedRope(w.narrow(-1, width, width).reshape({B, S, H, Dh}), table, isa);
+      (got * up).sum().backward();
+      const std::string what = std::string(lt::model::kernelIsaName(isa)) + " H" + std::to_string(H) + " Dh" +
+                               std::to_string(Dh);
+      EXPECT_LE(relErr(got, ref), Tol::kFusedKernel) << what;
+      EXPECT_LE(relErr(w.grad(), wide.grad()), Tol::kFusedKernel) << what;
+    }
+  }
 }
 
 TEST(FusedOps, RmsNormWeightGradientIsTheSameAtAnyThreadCount) {

@@ -130,7 +130,60 @@ struct SwigluFn : torch::autograd::Function<SwigluFn> {
   }
 };
 
+// Rows of x: tokens B*S, each xStride floats apart; out contiguous.
+void ropeRun(const pointwise_detail::Kernels& k, const at::Tensor& x, int64_t xStride, const at::Tensor& cos,
+             const at::Tensor& sin, at::Tensor& out, float sign) {
+  const int64_t H = out.size(2), half = out.size(3) / 2, tokens = out.size(0) * out.size(1);
+  const float *xp = x.data_ptr<float>(), *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  forRowChunks(tokens, [&](int64_t t0, int64_t n) {
+    k.rope(xp + t0 * xStride, xStride, cp + t0 * half, sp + t0 * half, op + t0 * H * 2 * half, n, H, half, sign);
+  });
+}
+
+// x's tokens at a uniform stride with heads and dims packed: what the kernel reads in place.
+bool ropeReadable(const at::Tensor& x) {
+  const int64_t H = x.size(2), Dh = x.size(3);
+  return x.stride(3) == 1 && x.stride(2) == Dh && x.stride(1) >= H * Dh && x.stride(0) == x.size(1) * x.stride(1);
+}
+
+struct RopeFn : torch::autograd::Function<RopeFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                            int64_t isa) {
+    at::NoGradGuard ng;
+    auto out = at::empty(x.sizes(), x.options());
+    ropeRun(kernelsFor(isa), x, x.stride(1), cos, sin, out, 1.0f);
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["isa"] = isa;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::NoGradGuard ng;
+    auto saved = ctx->get_saved_variables();
+    auto dy = grads[0].contiguous();
+    auto dx = at::empty_like(dy);
+    ropeRun(kernelsFor(ctx->saved_data["isa"].toInt()), dy, dy.size(2) * dy.size(3), saved[0], saved[1], dx, -1.0f);
+    return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+RopeTable ropeTable(const at::Tensor& pos, int64_t headDim, double theta) {
+  const int64_t half = headDim / 2;
+  auto inv = at::pow(theta, at::arange(0, half, at::kFloat) * (-2.0 / static_cast<double>(headDim)));
+  auto ang = pos.to(at::kFloat).unsqueeze(-1) * inv;  // [B, S, Dh/2]
+  return {at::cos(ang).contiguous(), at::sin(ang).contiguous()};
+}
+
+at::Tensor fusedRope(const at::Tensor& x, const RopeTable& table, KernelIsa isa) {
+  LT_CHECK(x.scalar_type() == at::kFloat && x.dim() == 4 && x.size(3) % 2 == 0 &&
+               table.cos.sizes() == at::IntArrayRef({x.size(0), x.size(1), x.size(3) / 2}),
+           "fused RoPE: fp32 x [B, S, H, Dh] and a table [B, S, Dh/2] expected, got ", x.sizes(), " and ",
+           table.cos.sizes());
+  return RopeFn::apply(ropeReadable(x) ? x : x.contiguous(), table.cos, table.sin, static_cast<int64_t>(isa));
+}
 
 at::Tensor fusedRmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, KernelIsa isa) {
   LT_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && w.dim() == 1 && x.size(-1) == w.size(0),

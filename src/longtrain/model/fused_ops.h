@@ -16,4 +16,15 @@ at::Tensor fusedRmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, Ke
 // gu [.., 2F] (gate then up) -> silu(gate) * up [.., F]; differentiable in gu.
 at::Tensor fusedSwiglu(const at::Tensor& gu, KernelIsa isa = kernelBestIsa());
 
+// RoPE's per-token angles, computed once per step and shared by every block's q and k: cos and
+// sin [B, S, Dh/2] of pos [B, S] x theta^(-2i/Dh), the same ops (and roundings) as model::rope.
+struct RopeTable {
+  at::Tensor cos, sin;
+};
+RopeTable ropeTable(const at::Tensor& pos, int64_t headDim, double theta);
+
+// x [B, S, H, Dh] (heads and dims contiguous, tokens at any stride: a column slice of the one
+// q/k/v GEMM's output) -> the rotated [B, S, H, Dh], contiguous; differentiable in x.
+at::Tensor fusedRope(const at::Tensor& x, const RopeTable& table, KernelIsa isa = kernelBestIsa());
+
 }  // namespace lt::model

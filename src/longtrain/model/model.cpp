@@ -162,14 +162,29 @@ at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const
     kk = linear(h, k.wk, bf16).view({B, S, KV, Dh});
     v = linear(h, k.wv, bf16).view({B, S, KV, Dh});
   }
-  q = rope(q, pos, cfg_.ropeTheta);    // [B, S, H, Dh]
-  kk = rope(kk, pos, cfg_.ropeTheta);  // [B, S, KV, Dh]
+  if (fused) {
+    auto [cos, sin] = ropeTableFor(pos);
+    q = fusedRope(q, {cos, sin});    // [B, S, H, Dh]
+    kk = fusedRope(kk, {cos, sin});  // [B, S, KV, Dh]
+  } else {
+    q = rope(q, pos, cfg_.ropeTheta);
+    kk = rope(kk, pos, cfg_.ropeTheta);
+  }
   auto a = attn(q, kk, v).reshape({B, S, H * Dh});
   auto x1 = x + linear(a, k.wo, bf16);
   auto m = norm(x1, k.mlpNorm);
   // DeepSpeed's default shard count; every SP rank holds S/P tokens, so all agree on it.
   const int64_t shards = cfg_.tiledMlp ? std::max<int64_t>(1, (S + cfg_.hidden - 1) / cfg_.hidden) : 1;
   return x1 + tiledMlp(m, k.wGate, k.wUp, k.wDown, shards, {fused, bf16});
+}
+
+std::pair<at::Tensor, at::Tensor> Model::ropeTableFor(const at::Tensor& pos) const {
+  if (!rope_.pos.defined() || !rope_.pos.sizes().equals(pos.sizes()) || !at::equal(rope_.pos, pos)) {
+    at::NoGradGuard ng;
+    auto t = ropeTable(pos, cfg_.headDim(), cfg_.ropeTheta);
+    rope_ = {pos.clone(), t.cos, t.sin};
+  }
+  return {rope_.cos, rope_.sin};
 }
 
 at::Tensor Model::logits(const at::Tensor& x) const {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lt::model {
@@ -87,7 +88,14 @@ class Model {
   struct Block {
     at::Tensor attnNorm, wq, wk, wv, wo, mlpNorm, wGate, wUp, wDown;
   };
+  // RoPE's cos/sin for the positions last seen: every block of a step shares one table.
+  // Keyed by the positions' values (a freed tensor's address can come back with new ones).
+  struct RopeCache {
+    at::Tensor pos, cos, sin;
+  };
+  std::pair<at::Tensor, at::Tensor> ropeTableFor(const at::Tensor& pos) const;
   ModelConfig cfg_;
+  mutable RopeCache rope_;
   at::Tensor embed_, finalNorm_, lmHead_;
   std::vector<Block> blocks_;
   std::vector<std::vector<NamedParam>> groups_;

@@ -16,6 +16,12 @@ struct Kernels {
   void (*swigluForward)(const float* gu, float* h, int64_t rows, int64_t F);
   // dgu = [dh * up * silu'(gate), dh * silu(gate)], rows as gu.
   void (*swigluBackward)(const float* gu, const float* dh, float* dgu, int64_t rows, int64_t F);
+  // Rotary embedding, half-split layout, for `tokens` tokens of H heads of Dh = 2 x half:
+  // out = [x1 c - x2 s, x2 c + x1 s] with c, s the token's [half] row of cos, sin. x's tokens
+  // are xStride floats apart (heads contiguous within); out is contiguous [tokens, H, Dh].
+  // The backward is the same rotation by -angle (sign = -1).
+  void (*rope)(const float* x, int64_t xStride, const float* cos, const float* sin, float* out, int64_t tokens,
+               int64_t H, int64_t half, float sign);
 };
 
 #define LT_POINTWISE_DECLARE(isa) Kernels kernels_##isa();
