@@ -1,4 +1,4 @@
-// Fused RMSNorm and SwiGLU: the per-ISA kernel table, the row split over ATen's threads and the
+// Fused RMSNorm, SwiGLU and RoPE: the per-ISA kernel table, the row split over ATen's threads and the
 // autograd functions. Non-obvious: RMSNorm's weight gradient is summed per fixed chunk of rows
 // and the chunks added in order, so it is the same at any thread count (tests rely on it).
 #include "longtrain/model/fused_ops.h"

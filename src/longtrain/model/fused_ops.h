@@ -1,4 +1,4 @@
-// Fused RMSNorm and SwiGLU as autograd functions: one pass over the tensors forward and one
+// Fused RMSNorm, SwiGLU and RoPE as autograd functions: one pass over the tensors forward and one
 // backward each (the ATen compositions in model.cpp take 5 and 3 passes forward, twice that
 // backward, and save 1-2 more activations). Non-obvious: SwiGLU takes the gate and up
 // projections as one [.., 2F] tensor, the output of one GEMM against [wGate; wUp], and saves only

@@ -1,4 +1,4 @@
-// The fused RMSNorm and SwiGLU kernels' raw interface over plain float rows, compiled once per
+// The fused RMSNorm, SwiGLU and RoPE kernels' raw interface over plain float rows, compiled once per
 // ISA (pointwise_kernels.inc) and reached only through fused_ops.cpp's dispatch. Each function
 // makes one pass over its rows; no libtorch here.
 #pragma once
