@@ -21,6 +21,7 @@
 
 #include "longtrain/ckpt/safetensors.h"
 #include "longtrain/core/check.h"
+#include "longtrain/core/partition.h"
 #include "longtrain/core/trace.h"
 #include "longtrain/core/crc32c.h"
 #include "longtrain/train/engine.h"
@@ -472,7 +473,7 @@ void Checkpoint::read(int param, const std::string& kind, int64_t offset, at::Te
     if (b > a) dst.narrow(0, a - offset, b - a).copy_(v.narrow(0, a - lo, b - a));
   };
   if (!m_.partitioned) return piece(0, 0, numel);
-  const int64_t W = m_.worldSize, c = (numel + W - 1) / W;
+  const int64_t W = m_.worldSize, c = partitionChunk(numel, W);
   if (n == 0 || c == 0) return;
   for (int64_t r = offset / c; r <= (offset + n - 1) / c && r < W; ++r)
     piece(static_cast<int>(r), r * c, std::min(numel, (r + 1) * c));

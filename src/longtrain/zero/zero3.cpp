@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/partition.h"
 #include "longtrain/core/trace.h"
 
 namespace lt::zero {
@@ -30,7 +31,7 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
       pi.tensor = np.tensor;
       pi.shape = np.tensor.sizes().vec();
       pi.numel = np.tensor.numel();
-      pi.chunk = (pi.numel + W - 1) / W;
+      pi.chunk = partitionChunk(pi.numel, W);
       if (subGroups_.empty() || (sgNumel + pi.numel > o_.subGroupSize && sgNumel > 0)) {
         subGroups_.emplace_back();
         sgNumel = 0;
