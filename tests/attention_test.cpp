@@ -63,6 +63,7 @@ using Case = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
 const std::vector<Case> kCases = {
     {2, 16, 4, 4, 8, 4},    {2, 19, 4, 2, 8, 5},  {1, 7, 2, 1, 16, 64},  {1, 33, 8, 2, 4, 1},
     {1, 130, 4, 1, 16, 64}, {2, 97, 6, 3, 32, 16}, {1, 70, 2, 2, 24, 0}, {1, 257, 2, 1, 64, 0},
+    {1, 1, 2, 1, 8, 0},     {1, 40, 16, 2, 128, 32}, {3, 9, 2, 2, 2, 4},
 };
 
 std::string describe(const Case& c, KernelIsa isa) {
