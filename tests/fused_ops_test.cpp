@@ -160,3 +160,47 @@ TEST(FusedOps, EngineDefaultsEqualTheAtenReferenceUnderUlysses) {
 }
 
 }  // namespace
+
+namespace {
+
+// The LM head fused with the loss against logits() + lossSum() under autograd: loss, count,
+// argmax hits, dL/dh, and the head's (or the tied embedding's) and the final norm's gradients,
+// with ignored labels, untied and tied heads.
+TEST(FusedOps, HeadLossEqualsLogitsThenCrossEntropy) {
+  for (bool tied : {false, true}) {
+    lt::model::ModelConfig cfg;
+    cfg.vocabSize = 50, cfg.hidden = 16, cfg.layers = 1, cfg.heads = 2, cfg.kvHeads = 2, cfg.intermediate = 24;
+    cfg.tieEmbeddings = tied;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(26);
+    auto h0 = at::randn({2, 13, 16}, gen) * 2;
+    auto labels = at::randint(0, 50, {2, 13}, gen);
+    labels.index_put_({0, 3}, -100);
+    labels.index_put_({1, 12}, -100);
+    const double scale = 0.37;
+    lt::model::Model ref(cfg, 3), got(cfg, 3);
+    auto h = h0.clone().requires_grad_(true);
+    auto ls = lt::model::lossSum(ref.logits(h), labels);
+    (ls.sum * scale).backward();
+    auto tl = got.headLoss(h0, labels, scale);
+    const std::string what = tied ? "tied" : "untied";
+    EXPECT_NEAR(tl.sum, ls.sum.item<double>(), Tol::kFusedKernel * ls.sum.item<double>()) << what;
+    EXPECT_EQ(tl.count, ls.count) << what;
+    EXPECT_EQ(tl.correct, ls.correct) << what;
+    EXPECT_LE(relErr(tl.gradH, h.grad()), Tol::kFusedKernel) << what;
+    const auto &rg = ref.group(ref.headGroup()), &gg = got.group(got.headGroup());
+    for (size_t i = 0; i < rg.size(); ++i)
+      EXPECT_LE(relErr(gg[i].tensor.grad(), rg[i].tensor.grad()), Tol::kFusedKernel) << what << " " << rg[i].name;
+    if (tied) {
+      const auto& re = ref.group(ref.embedGroup())[0].tensor;
+      const auto& ge = got.group(got.embedGroup())[0].tensor;
+      EXPECT_LE(relErr(ge.grad(), re.grad()), Tol::kFusedKernel) << "tied embedding";
+    }
+    // Without a scale: the loss only, no gradients.
+    lt::model::Model evalOnly(cfg, 3);
+    auto e = evalOnly.headLoss(h0, labels, 0);
+    EXPECT_FALSE(e.gradH.defined());
+    EXPECT_NEAR(e.sum, tl.sum, 1e-9 * tl.sum);
+  }
+}
+
+}  // namespace
