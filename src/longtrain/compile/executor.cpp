@@ -153,17 +153,6 @@ at::Tensor Executor::lossAndGrad(const at::Tensor& h, const at::Tensor& shiftLab
   st.tokens = st.correct = 0;
   for (int64_t s0 = 0; s0 < S; s0 += chunk) {
     const int64_t s1 = std::min(S, s0 + chunk);
-    if (model_.config().fusedKernels) {  // the LM head fused with the loss (model::Model::headLoss)
-      LT_ASSERT(!backward || scale != 0, "lossAndGrad: a zero loss scale");
-      auto tl = model_.headLoss(h.slice(1, s0, s1), shiftLabels.slice(1, s0, s1), backward ? scale : 0);
-      st.lossSum += tl.sum;
-      st.tokens += tl.count;
-      st.correct += tl.correct;
-      if (!backward) continue;
-      if (chunk >= S) return tl.gradH;
-      gradH.slice(1, s0, s1).copy_(tl.gradH);
-      continue;
-    }
     auto hs = h.slice(1, s0, s1).detach();  // [B, tile, D]
     if (backward) hs.requires_grad_(true);
     auto ls = model::lossSum(model_.logits(hs), shiftLabels.slice(1, s0, s1));  // logits [B, tile, V]

@@ -192,51 +192,6 @@ at::Tensor Model::logits(const at::Tensor& x) const {
   return linear(h, lmHead_.defined() ? lmHead_ : embed_, cfg_.bf16Compute);
 }
 
-Model::TileLoss Model::headLoss(const at::Tensor& h, const at::Tensor& shiftLabels, double scale) const {
-  const bool backward = scale != 0, bf16 = cfg_.bf16Compute;
-  const at::Tensor& w = lmHead_.defined() ? lmHead_ : embed_;
-  auto hs = h.detach();
-  if (backward) hs.requires_grad_(true);
-  at::Tensor hn;
-  {
-    at::AutoGradMode grad(backward);  // the norm's graph only
-    hn = cfg_.fusedKernels ? fusedRmsNorm(hs, finalNorm_, cfg_.normEps) : rmsNorm(hs, finalNorm_, cfg_.normEps);
-  }
-  at::NoGradGuard ng;
-  auto mm = [bf16](const at::Tensor& a, const at::Tensor& b) {
-    return bf16 ? at::mm(a.to(at::kBFloat16), b.to(at::kBFloat16)).to(at::kFloat) : at::mm(a, b);
-  };
-  const auto x = hn.detach().reshape({-1, hn.size(-1)});
-  const auto lab = shiftLabels.reshape({-1});
-  const auto valid = lab.ne(-100);
-  const auto target = lab.masked_fill(~valid, 0).unsqueeze(1);
-  auto p = mm(x, w.detach().t());  // [T, V]: logits, then probabilities, then dL/dlogits
-  auto [mx, argmax] = p.max(1, true);
-  const auto picked = p.gather(1, target);
-  p.sub_(mx).exp_();
-  const auto sumExp = p.sum(1, true);
-  const auto rowLoss = (sumExp.log() + mx - picked).squeeze(1);
-  TileLoss out;
-  out.sum = rowLoss.masked_select(valid).to(at::kDouble).sum().item<double>();
-  out.count = valid.sum().item<int64_t>();
-  out.correct = (argmax.squeeze(1).eq(lab) & valid).sum().item<int64_t>();
-  if (!backward) return out;
-  p.div_(sumExp);
-  p.scatter_add_(1, target, at::full_like(picked, -1.0));
-  p.mul_(valid.unsqueeze(1).to(p.scalar_type()) * scale);
-  auto& acc = const_cast<at::Tensor&>(w).mutable_grad();
-  auto dw = mm(p.t(), x);
-  if (acc.defined()) acc.add_(dw);
-  else acc = dw;
-  auto dx = mm(p, w.detach()).view_as(hn);
-  {
-    at::AutoGradMode grad(true);
-    hn.backward(dx);
-  }
-  out.gradH = hs.grad();
-  return out;
-}
-
 at::Tensor Model::forward(const at::Tensor& ids, const at::Tensor& pos, const AttentionFn& attn) const {
   auto x = embed(ids);
   for (int b = 0; b < numBlocks(); ++b) x = block(b, x, pos, attn);

@@ -198,13 +198,11 @@ Bytes blockCost(const train::Config& c, const Dims& d, bool* attnPeak, Bytes* sa
 // The loss phase (Executor::lossAndGrad): per tile of cl tokens, logits [B, cl, V] are freed
 // when lossSum returns, but log_softmax saves its output; backward holds it with nll's
 // gradient and log_softmax's (3 [B, cl, V]); the final norm's saved tensors and dh (3
-// [B, cl, D]); the LM head's weight-gradient temporary (V x D); tiled: gradH (uD). With
-// model.fused_kernels the head is fused with the loss (Model::headLoss): one [B, cl, V]
-// buffer holds the logits, then the probabilities, then their gradient.
+// [B, cl, D]); the LM head's weight-gradient temporary (V x D); tiled: gradH (uD).
 Bytes lossCost(const train::Config& c, const Dims& d) {
   const double cl = c.model.lossChunk > 0 ? std::min<double>(static_cast<double>(c.model.lossChunk), d.s) : d.s;
   Bytes t;
-  t.add(c.model.fusedKernels ? 1 : 3, d.B * cl * d.V * kF);
+  t.add(3, d.B * cl * d.V * kF);
   t.add(3, d.B * cl * d.D * kF);
   t.add(1, d.V * d.D * kF);
   if (cl < d.s) t.add(1, d.B * d.s * d.D * kF);
