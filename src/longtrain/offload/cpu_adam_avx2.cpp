@@ -11,15 +11,13 @@
 #include <immintrin.h>
 
 #include "longtrain/offload/cpu_adam.h"
+#include "longtrain/offload/cpu_adam_prefetch.h"
 
 namespace lt::offload::detail {
 
 namespace {
 
 constexpr int kLanes = 8;
-// 2 KiB ahead in each stream: see kPrefetchAhead in cpu_adam_avx512.cpp (the same measurement
-// gave this kernel 92% -> 101% of the in-place read-modify-write bound on 4 KiB pages).
-constexpr int64_t kPrefetchAhead = 2048 / sizeof(float);
 
 struct Coeffs8 {
   __m256 decay, l2, beta1, oneMinusBeta1, beta2, oneMinusBeta2, sqrtBias2, eps, negStepSize;
@@ -64,16 +62,6 @@ __attribute__((always_inline)) inline void bf16Store(uint16_t* dst, __m256 x) {
   const __m128i packed =
       _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), packed);
-}
-
-// A prefetch never faults, so it may run past the end of the buffers.
-__attribute__((always_inline)) inline void prefetchStreams(const float* a, const float* b,
-                                                           const float* c, const float* d,
-                                                           int64_t i) {
-  _mm_prefetch(reinterpret_cast<const char*>(a + i), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(b + i), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(c + i), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(d + i), _MM_HINT_T0);
 }
 
 template <bool kL2>

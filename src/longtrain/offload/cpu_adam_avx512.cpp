@@ -12,18 +12,13 @@
 #include <immintrin.h>
 
 #include "longtrain/offload/cpu_adam.h"
+#include "longtrain/offload/cpu_adam_prefetch.h"
 
 namespace lt::offload::detail {
 
 namespace {
 
 constexpr int kLanes = 16;
-// Software prefetch distance, in elements: 2 KiB ahead in each of the four streams. Without it
-// the kernel reached ~91% of the in-place read-modify-write bound on 4 KiB pages (the hardware
-// streamer stops at every page boundary, and the sqrt/div chains leave fewer loads in flight
-// than the plain RMW loop has); with it, 100%. Measured on a 2-vCPU AVX-512 Xeon VM, 1 and 2
-// threads; 0.5, 1 and 4 KiB did no better, and on 2 MiB pages it neither helps much nor hurts.
-constexpr int64_t kPrefetchAhead = 2048 / sizeof(float);
 
 struct Coeffs16 {
   __m512 decay, l2, beta1, oneMinusBeta1, beta2, oneMinusBeta2, sqrtBias2, eps, negStepSize;
@@ -53,16 +48,6 @@ __attribute__((always_inline)) inline __m512 bf16Load(const uint16_t* src, __mma
   const __m512i wide = _mm512_maskz_loadu_epi16(static_cast<__mmask32>(k), src);
   const __m256i h = _mm512_castsi512_si256(wide);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-// A prefetch never faults, so it may run past the end of the buffers.
-__attribute__((always_inline)) inline void prefetchStreams(const float* a, const float* b,
-                                                           const float* c, const float* d,
-                                                           int64_t i) {
-  _mm_prefetch(reinterpret_cast<const char*>(a + i), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(b + i), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(c + i), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(d + i), _MM_HINT_T0);
 }
 
 // Round to nearest even, NaN to 0x7FC0: bit for bit what c10::BFloat16 does.
