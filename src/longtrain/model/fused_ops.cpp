@@ -8,36 +8,9 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "longtrain/core/check.h"
-#include "longtrain/core/cpu.h"
 #include "longtrain/model/pointwise_kernels.h"
 
 namespace lt::model {
-
-KernelIsa kernelBestIsa() {
-  static const KernelIsa best = kernelIsaSupported(KernelIsa::Avx512) ? KernelIsa::Avx512
-                                : kernelIsaSupported(KernelIsa::Avx2) ? KernelIsa::Avx2
-                                                                      : KernelIsa::Baseline;
-  return best;
-}
-
-bool kernelIsaSupported(KernelIsa isa) {
-  const CpuIsa cpu = cpuIsa();
-  switch (isa) {
-    case KernelIsa::Avx512: return cpu.avx512;
-    case KernelIsa::Avx2: return cpu.avx2Fma;
-    case KernelIsa::Baseline: return true;
-  }
-  return false;
-}
-
-const char* kernelIsaName(KernelIsa isa) {
-  switch (isa) {
-    case KernelIsa::Avx512: return "avx512";
-    case KernelIsa::Avx2: return "avx2";
-    case KernelIsa::Baseline: return "baseline";
-  }
-  return "?";
-}
 
 namespace {
 

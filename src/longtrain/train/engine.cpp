@@ -181,6 +181,7 @@ bool Engine::chooseBf16() {
   auto t = at::tensor({bf16 > fp32 || !cfg_.bf16OnlyIfFaster ? 1.0 : 0.0}, at::kDouble);
   groups_.world->allReduce(t, comm::ReduceOp::Min).wait();
   const bool use = t.item<double>() > 0;
+  gemmPeakFlops_ = use ? bf16 : fp32;
   if (groups_.world->rank() == 0)
     std::printf("longtrain: bf16.enabled: bf16 GEMM %.1f GFLOP/s against fp32 %.1f on this CPU (1024^3, %d threads): %s\n",
                 bf16 / 1e9, fp32 / 1e9, at::get_num_threads(),

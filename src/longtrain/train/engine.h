@@ -60,6 +60,9 @@ class Engine {
   const std::vector<std::string>& activePasses() const { return activePasses_; }
   const compile::Program& program() const { return program_; }
   int64_t globalStep() const { return step_; }
+  // This rank's GEMM rate for the dtype the model computes in, if construction measured it
+  // (bf16.enabled); 0 otherwise.
+  double measuredGemmPeakFlops() const { return gemmPeakFlops_; }
   const Config& config() const { return cfg_; }
   const comm::Groups& groups() const { return groups_; }
   const data::Dataset& dataset() const { return *train_; }
@@ -95,7 +98,8 @@ class Engine {
   void optimizerStep();
   double currentLr() const;
   int chooseGraphBlocks();
-  bool chooseBf16();  // bf16.enabled: whether the bf16 GEMM is faster on every rank  // collective: every rank takes the smallest choice
+  bool chooseBf16();  // bf16.enabled: whether the bf16 GEMM is faster on every rank
+  double gemmPeakFlops_ = 0;  // this rank's rate of the GEMM dtype in use, when chooseBf16 measured it  // collective: every rank takes the smallest choice
 
   Config cfg_;
   comm::Groups groups_;

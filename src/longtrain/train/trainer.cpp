@@ -94,8 +94,11 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
     }
   }
   // MFU's denominator: every rank's measured GEMM peak at the threads it trains with.
-  // (bf16 GEMMs: against the bf16 peak, the rate those GEMMs could reach.)
-  auto peakT = at::tensor({measureGemmPeakFlops(engine.config().model.bf16Compute)}, at::kDouble);
+  // (bf16 GEMMs: against the bf16 peak, the rate those GEMMs could reach; the engine measured
+  // it already when it chose bf16.)
+  const double mine = engine.measuredGemmPeakFlops() > 0 ? engine.measuredGemmPeakFlops()
+                                                          : measureGemmPeakFlops(engine.config().model.bf16Compute);
+  auto peakT = at::tensor({mine}, at::kDouble);
   groups.world->allReduce(peakT).wait();
   const double gemmPeak = peakT.item<double>();
   const double flopsPerToken = modelFlopsPerToken(cfg.model, cfg.data.seqLen);
