@@ -5,7 +5,7 @@
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build ccache pkg-config
       libtorch-dev libgloo-dev libopenblas0-openmp libgoogle-perftools-dev
-      nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
+      nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libsentencepiece-dev
       libgtest-dev libgmock-dev libbenchmark-dev)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -78,7 +78,7 @@ TEST(FusedAttention, EqualsNaiveForEveryIsaShapeAndGqaRatio) {
     auto [B, S, H, KV, D, T] = c;
     auto q = at::randn({B, S, H, D}, gen), k = at::randn({B, S, KV, D}, gen), v = at::randn({B, S, KV, D}, gen);
     auto up = at::randn({B, S, H, D}, gen);
-    auto ref = runWithGrads(q, k, v, up, lt::model::causalAttention);
+    auto ref = runWithGrads(q, k, v, up, [](auto& a, auto& b, auto& c) { return lt::model::causalAttention(a, b, c); });
     for (auto isa : supportedIsas()) {
       lt::model::FusedAttentionOptions o;
       o.tile = T;
@@ -94,7 +94,7 @@ TEST(FusedAttention, SharpSoftmaxAcrossTiles) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(12);
   auto q = at::randn({1, 150, 2, 16}, gen) * 6, k = at::randn({1, 150, 2, 16}, gen) * 6;
   auto v = at::randn({1, 150, 2, 16}, gen), up = at::randn({1, 150, 2, 16}, gen);
-  auto ref = runWithGrads(q, k, v, up, lt::model::causalAttention);
+  auto ref = runWithGrads(q, k, v, up, [](auto& a, auto& b, auto& c) { return lt::model::causalAttention(a, b, c); });
   lt::model::FusedAttentionOptions o;
   o.tile = 16;
   auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return lt::model::fusedAttention(a, b, c, o); });

@@ -167,8 +167,8 @@ TEST_P(UlyssesEquivalence, LossAndGradientsMatchOneRank) { checkSpEquivalence(Ge
 
 TEST(UlyssesEquivalenceChunked, ChunkedAttentionInsideSpMatchesOneRank) {
   // Chunk 3 does not divide the 16-token sequence.
-  auto chunked = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    return lt::model::chunkedAttention(q, k, v, 3);
+  auto chunked = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pos) {
+    return lt::model::chunkedAttention(q, k, v, 3, pos);
   };
   checkSpEquivalence(SpCase{2, 4, 2}, chunked);
   checkSpEquivalence(SpCase{4, 8, 2}, chunked);

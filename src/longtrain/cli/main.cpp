@@ -4,6 +4,7 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -12,16 +13,21 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <sstream>
 #include <thread>
 
 #include "longtrain/ckpt/checkpoint.h"
+#include "longtrain/ckpt/hf_llama.h"
+#include "longtrain/data/tokenizer.h"
 #include "longtrain/comm/comm.h"
 #include "longtrain/comm/launch.h"
 #include "longtrain/core/check.h"
 #include "longtrain/core/cpu.h"
 #include "longtrain/core/memory.h"
+#include "longtrain/model/generate.h"
 #include "longtrain/model/kernel_isa.h"
 #include "longtrain/plan/memory_model.h"
+#include "longtrain/report/plot.h"
 #include "longtrain/train/config.h"
 #include "longtrain/train/machine.h"
 #include "longtrain/train/trainer.h"
@@ -213,13 +219,209 @@ int cmdInfo(int threads) {
   return 0;
 }
 
-int cmdExport(const std::string& path, const std::string& out) {
+// The tokenizer files a run had: data.tokenizer, and those beside model.init_from's weights.
+std::vector<std::string> runTokenizerFiles(const nlohmann::json& cfg) {
+  std::vector<std::string> out;
+  if (cfg.contains("data") && cfg["data"].is_object() && cfg["data"].value("tokenizer", "") != "")
+    out.push_back(cfg["data"]["tokenizer"].get<std::string>());
+  if (cfg.contains("model") && cfg["model"].is_object() && cfg["model"].value("init_from", "") != "")
+    for (const auto& f : lt::ckpt::kTokenizerFiles) {
+      const auto p = std::filesystem::path(cfg["model"]["init_from"].get<std::string>()) / f;
+      if (std::find(out.begin(), out.end(), p.string()) == out.end() &&
+          std::none_of(out.begin(), out.end(), [&](const auto& o) { return std::filesystem::path(o).filename() == f; }))
+        out.push_back(p.string());
+    }
+  return out;
+}
+
+int cmdExport(const std::string& path, const std::string& out, const std::string& dtype) {
   lt::ckpt::Checkpoint c(lt::ckpt::resolve(path));
-  lt::ckpt::exportModel(c, out);
   int64_t n = 0;
   for (const auto& p : c.manifest().params) n += p.numel();
-  std::printf("export: %s (step %lld) -> %s: %zu tensors, %.2fM parameters, fp32, Hugging Face Llama names\n",
-              c.dir().c_str(), (long long)c.manifest().step, out.c_str(), c.manifest().params.size(), n / 1e6);
+  if (out.size() > 12 && out.compare(out.size() - 12, 12, ".safetensors") == 0) {  // one file, as before
+    LT_CHECK(dtype == "fp32", "export --dtype ", dtype, " is for a model directory; give --out DIR");
+    lt::ckpt::exportModel(c, out);
+    std::printf("export: %s (step %lld) -> %s: %zu tensors, %.2fM parameters, fp32, Hugging Face Llama names\n",
+                c.dir().c_str(), (long long)c.manifest().step, out.c_str(), c.manifest().params.size(), n / 1e6);
+    return 0;
+  }
+  lt::ckpt::HfExportOptions o;
+  o.dtype = dtype;
+  o.tokenizerFiles = runTokenizerFiles(c.manifest().config);
+  for (const auto& f : o.tokenizerFiles)
+    if (std::filesystem::path(f).filename() == "tokenizer.model" && std::filesystem::is_regular_file(f)) {
+      lt::data::Tokenizer tok(f);
+      o.bosId = tok.bosId();
+      o.eosId = tok.eosId();
+    }
+  const auto r = lt::ckpt::exportHfDirectory(c, out, o);
+  std::string copied;
+  for (const auto& f : r.copied) copied += " " + f;
+  std::printf("export: %s (step %lld) -> %s/: config.json, model.safetensors (%lld tensors, %.2fM parameters, %s, "
+              "%.1f MiB)%s%s\n",
+              c.dir().c_str(), (long long)c.manifest().step, out.c_str(), (long long)r.tensors, r.parameters / 1e6,
+              dtype.c_str(), r.bytes / 1048576.0, copied.empty() ? "" : ", tokenizer:", copied.c_str());
+  std::printf("        load it with model.init_from=%s (longtrain) or LlamaForCausalLM.from_pretrained (Hugging Face)\n",
+              out.c_str());
+  return 0;
+}
+
+struct GenerateFlags {
+  std::string source, prompt, promptIds, tokenizer;
+  lt::model::SamplingOptions sampling;
+  bool ignoreEos = false;
+};
+
+std::vector<int64_t> parseIds(const std::string& text) {
+  std::vector<int64_t> ids;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    char* end = nullptr;
+    const long long v = std::strtoll(part.c_str(), &end, 10);
+    LT_CHECK(!part.empty() && end && *end == '\0', "--prompt-ids '", text, "': '", part, "' is not a token id ",
+             "(give comma-separated integers, e.g. 1,15,27)");
+    ids.push_back(v);
+  }
+  return ids;
+}
+
+// Prints the text of the tokens so far beyond what is already on screen. SentencePiece joins
+// pieces (and drops a leading space), so prompt and output are decoded whole and the new
+// suffix printed.
+struct TextStream {
+  const lt::data::Tokenizer& tok;
+  std::vector<int64_t> ids;
+  std::string shown;
+  TextStream(const lt::data::Tokenizer& t, std::vector<int64_t> prompt) : tok(t), ids(std::move(prompt)) {
+    shown = tok.decode(ids);
+    std::fputs(shown.c_str(), stdout);
+  }
+  void add(int64_t id) {
+    ids.push_back(id);
+    const std::string text = tok.decode(ids);
+    if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
+      std::fputs(text.c_str() + shown.size(), stdout);
+      std::fflush(stdout);
+      shown = text;
+    }
+  }
+};
+
+int cmdGenerate(GenerateFlags f) {
+  at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  auto m = lt::ckpt::loadInferenceModel(f.source);
+  const std::string tokPath = f.tokenizer.empty() ? m.tokenizer : f.tokenizer;
+  std::unique_ptr<lt::data::Tokenizer> tok;
+  if (!tokPath.empty()) tok = std::make_unique<lt::data::Tokenizer>(tokPath);
+  LT_CHECK(f.prompt.empty() || tok, "--prompt needs a tokenizer: ", f.source, " names none; give --tokenizer ",
+           "tokenizer.model, or the prompt as token ids with --prompt-ids");
+  LT_CHECK(f.prompt.empty() != f.promptIds.empty(), "give the prompt as text (--prompt) or as ids (--prompt-ids)");
+  std::vector<int64_t> prompt = f.promptIds.empty() ? tok->encode(f.prompt) : parseIds(f.promptIds);
+  const int64_t start = !tok ? -1 : m.promptAfterEos ? tok->eosId() : tok->bosId();
+  if (start >= 0 && f.promptIds.empty()) prompt.insert(prompt.begin(), start);
+  if (tok && tok->vocabSize() > m.model->config().vocabSize)
+    LT_CHECK(false, "the tokenizer '", tokPath, "' has ", tok->vocabSize(), " tokens, the model only ",
+             m.model->config().vocabSize, ": they do not belong together");
+  if (tok && !f.ignoreEos) f.sampling.stopToken = tok->eosId();
+  std::string how = "greedy";
+  if (f.sampling.temperature > 0)
+    how = fmt::format("temperature {}{}, seed {}", f.sampling.temperature,
+                      f.sampling.topK > 0 ? fmt::format(", top-k {}", f.sampling.topK) : "", f.sampling.seed);
+  std::fprintf(stderr, "generate: %s, %.2fM parameters, %zu prompt tokens, %s\n", m.describe.c_str(),
+               m.model->config().numParams() / 1e6, prompt.size(), how.c_str());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int64_t> out;
+  if (tok) {
+    TextStream ts(*tok, prompt);
+    out = lt::model::generate(*m.model, prompt, f.sampling, [&](int64_t id) { ts.add(id); });
+  } else {
+    out = lt::model::generate(*m.model, prompt, f.sampling, [](int64_t id) {
+      std::printf("%lld ", (long long)id);
+      std::fflush(stdout);
+    });
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("\n");
+  std::fprintf(stderr, "generate: %zu tokens in %.2f s (%.1f tokens/s)\n", out.size(), s, out.size() / std::max(s, 1e-9));
+  return 0;
+}
+
+struct TokenizeFlags {
+  std::string tokenizer, out, splitOn, tokenizerType = "unigram";
+  int64_t trainVocab = 0;  // 0: use --tokenizer as it is
+  std::vector<std::string> inputs;
+};
+
+// --split-on as a user types it ('%\n'): \n, \t, \r and \\ are escapes.
+std::string unescapeSeparator(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\') {
+      out += s[i];
+      continue;
+    }
+    LT_CHECK(i + 1 < s.size(), "--split-on '", s, "' ends in a lone backslash; escapes are \\n, \\t, \\r and \\\\");
+    const char c = s[++i];
+    LT_CHECK(c == 'n' || c == 't' || c == 'r' || c == '\\', "--split-on '", s, "': '\\", c,
+             "' is not an escape; use \\n, \\t, \\r or \\\\");
+    out += c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : '\\';
+  }
+  return out;
+}
+
+// `longtrain tokenize`: optionally trains the tokenizer on the inputs, then writes the token file.
+int cmdTokenize(const TokenizeFlags& f) {
+  namespace fs = std::filesystem;
+  const std::string sep = unescapeSeparator(f.splitOn);
+  const std::string out = f.out.empty() ? fs::path(f.inputs.front()).stem().string() + ".bin" : f.out;
+  for (const auto& in : f.inputs) {
+    std::error_code ec;
+    LT_CHECK(!fs::equivalent(in, out, ec), "the output '", out, "' is the input '", in, "'; give another --out");
+  }
+  if (f.trainVocab > 0) {
+    const std::string suffix = ".model";
+    LT_CHECK(f.tokenizer.size() > suffix.size() &&
+                 f.tokenizer.compare(f.tokenizer.size() - suffix.size(), suffix.size(), suffix) == 0,
+             "--tokenizer '", f.tokenizer, "' must end in .model with --train-tokenizer (SentencePiece writes ",
+             "<prefix>.model and <prefix>.vocab)");
+    const std::string prefix = f.tokenizer.substr(0, f.tokenizer.size() - suffix.size());
+    const auto t0 = std::chrono::steady_clock::now();
+    lt::data::trainTokenizer(f.inputs, f.trainVocab, prefix, sep, f.tokenizerType);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("tokenizer: trained %s, vocabulary %lld (asked %lld), on %zu file(s) in %.2f s -> %s, %s.vocab\n",
+                f.tokenizerType.c_str(), (long long)lt::data::Tokenizer(f.tokenizer).vocabSize(),
+                (long long)f.trainVocab, f.inputs.size(), s, f.tokenizer.c_str(), prefix.c_str());
+  }
+  lt::data::TokenizeOptions o;
+  o.tokenizerPath = f.tokenizer;
+  o.outPath = out;
+  o.inputs = f.inputs;
+  o.splitOn = sep;
+  const auto r = lt::data::tokenizeFiles(o);
+  const char* type = r.bytesPerToken == 2 ? "uint16" : "uint32";
+  std::printf("tokenize: %lld documents, %lld tokens -> %s (%.1f MB; %s, %d bytes per token, EOS after every "
+              "document)\n",
+              (long long)r.documents, (long long)r.tokens, out.c_str(), r.tokens * r.bytesPerToken / 1e6, type,
+              r.bytesPerToken);
+  std::printf("  vocabulary %lld, EOS id %lld; %.1f MB of text in %.2f s, %.0f tokens/s\n", (long long)r.vocabSize,
+              (long long)r.eosId, r.bytesRead / 1e6, r.seconds, r.tokens / std::max(r.seconds, 1e-9));
+  std::printf("  config: \"data\": {\"type\": \"%s\", \"path\": \"%s\", \"packing\": \"documents\", \"tokenizer\": "
+              "\"%s\"} with model.vocab_size >= %lld\n",
+              type, fs::absolute(out).string().c_str(), fs::absolute(f.tokenizer).string().c_str(),
+              (long long)r.vocabSize);
+  return 0;
+}
+
+// `longtrain plot`: the curves of one or more --metrics files, overlaid in one SVG (or PNG).
+int cmdPlot(const std::vector<std::string>& files, const std::vector<std::string>& labels, const std::string& out,
+            const lt::report::PlotOptions& opt) {
+  const auto runs = lt::report::readRuns(files, labels);
+  lt::report::writePlot(runs, out, opt);
+  std::string empty;
+  for (const auto& p : lt::report::emptyPanels(runs)) empty += (empty.empty() ? " (no data: " : ", ") + p;
+  std::printf("plot: %zu run%s, 4 panels -> %s%s\n", runs.size(), runs.size() == 1 ? "" : "s", out.c_str(),
+              empty.empty() ? "" : (empty + ")").c_str());
   return 0;
 }
 
@@ -249,11 +451,14 @@ int main(int argc, char** argv) {
   train->add_option("--max-restarts", fl.maxRestarts, "restart the whole job from its newest checkpoint up to N "
                                                       "times when a rank fails (torchrun's --max-restarts)")
       ->check(CLI::Range(0, 1000));
-  auto* exp = app.add_subcommand("export", "write a checkpoint's model as one safetensors file with Hugging Face "
-                                           "Llama tensor names");
-  std::string ckptPath, outPath;
+  auto* exp = app.add_subcommand("export", "write a checkpoint's model as a Hugging Face Llama directory (config.json, "
+                                           "model.safetensors, the tokenizer), or as one .safetensors file");
+  std::string ckptPath, outPath, exportDtype = "fp32";
   exp->add_option("CKPT", ckptPath, "a checkpoint directory, or a root (its newest complete checkpoint)")->required();
-  exp->add_option("--out", outPath, "the safetensors file to write")->required();
+  exp->add_option("--out", outPath, "the model directory to write (or a file ending in .safetensors: the weights "
+                                    "alone)")->required();
+  exp->add_option("--dtype", exportDtype, "dtype of the written weights: fp32 (exact) or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   auto* plan = app.add_subcommand("plan", "predict each rank's peak memory for a config, or (--max-seq) the "
                                           "longest seq_len within a per-rank budget; runs nothing");
   std::string planConfig, maxSeq;
@@ -269,6 +474,50 @@ int main(int argc, char** argv) {
                                           "GEMM peak, and check the kernel's numerics");
   int infoThreads = 0;
   info->add_option("--threads", infoThreads, "intra-op threads (default: every core, as one rank trains)")->check(CLI::Range(1, 1024));
+  auto* gen = app.add_subcommand("generate", "generate text from a checkpoint or a Hugging Face Llama directory "
+                                            "(KV cache; tokens printed as they come)");
+  GenerateFlags gf;
+  gen->add_option("MODEL", gf.source, "a checkpoint (step directory or root) or a Hugging Face model directory")
+      ->required();
+  gen->add_option("--prompt", gf.prompt, "the prompt text (tokenized with the model's tokenizer)");
+  gen->add_option("--prompt-ids", gf.promptIds, "the prompt as comma-separated token ids (no tokenizer needed)");
+  gen->add_option("--tokenizer", gf.tokenizer, "a SentencePiece model (default: the directory's tokenizer.model, or "
+                                               "the run's data.tokenizer)");
+  gen->add_option("--max-new-tokens", gf.sampling.maxNewTokens, "tokens to generate (default 64)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  gen->add_option("--temperature", gf.sampling.temperature, "sampling temperature; 0 (default): greedy")
+      ->check(CLI::Range(0.0, 100.0));
+  gen->add_option("--top-k", gf.sampling.topK, "sample among the K most likely tokens (default: all)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+  gen->add_option("--seed", gf.sampling.seed, "seed of the sampling generator (default 1234)");
+  gen->add_flag("--ignore-eos", gf.ignoreEos, "keep generating after the tokenizer's EOS");
+  auto* tokenize = app.add_subcommand("tokenize", "turn text files into a token file for data.type uint16/uint32 "
+                                                  "(EOS after every document), training the tokenizer first if asked");
+  TokenizeFlags tf;
+  tokenize->add_option("FILE", tf.inputs, "text files (each one document, or split by --split-on)")->required();
+  tokenize->add_option("--tokenizer", tf.tokenizer, "the SentencePiece .model to use (or to write, with "
+                                                    "--train-tokenizer)")->required();
+  tokenize->add_option("--out", tf.out, "the token file to write (default: the first FILE's name + .bin, here)");
+  tokenize->add_option("--split-on", tf.splitOn, "separator between documents inside a file, escapes \\n \\t "
+                                                 "(e.g. '%\\n' for fortune files, '\\n\\n' for paragraphs)");
+  tokenize->add_option("--train-tokenizer", tf.trainVocab, "first train a tokenizer of this vocabulary size on "
+                                                           "the FILEs and write it at --tokenizer")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  tokenize->add_option("--tokenizer-type", tf.tokenizerType, "with --train-tokenizer: unigram (default) or bpe")
+      ->check(CLI::IsMember({"unigram", "bpe"}));
+  auto* plot = app.add_subcommand("plot", "plot loss (and eval loss), tokens/s, MFU and peak memory of one or more "
+                                          "runs' --metrics files, overlaid, as one SVG (or PNG)");
+  std::vector<std::string> plotFiles, plotLabels;
+  std::string plotOut;
+  lt::report::PlotOptions plotOpt;
+  plot->add_option("METRICS", plotFiles, "JSONL files written by `longtrain train --metrics`")->required();
+  plot->add_option("--out", plotOut, "the image to write: .svg, or .png (needs rsvg-convert, Debian librsvg2-bin)")
+      ->required();
+  plot->add_option("--label", plotLabels, "legend name of each run, in the files' order (repeat once per file; "
+                                          "default: the file names)");
+  plot->add_flag("--log-loss", plotOpt.logLoss, "log-scale y axis for the loss panel");
+  plot->add_option("--title", plotOpt.title, "a title above the legend");
+  plot->add_option("--width", plotOpt.width, "image width in pixels (default 1200)")->check(CLI::Range(400, 10000));
   CLI11_PARSE(app, argc, argv);
   // Flush subnormals to zero before any thread pool exists (new threads inherit the mode):
   // training drives some values (softmax tails, Adam's v) subnormal, and x86 then runs
@@ -280,9 +529,12 @@ int main(int argc, char** argv) {
       fl.resumeGiven = resumeOpt->count() > 0;
       return cmdTrain(argc, argv, fl);
     }
-    if (*exp) return cmdExport(ckptPath, outPath);
+    if (*exp) return cmdExport(ckptPath, outPath, exportDtype);
     if (*info) return cmdInfo(infoThreads);
+    if (*gen) return cmdGenerate(gf);
     if (*plan) return cmdPlan(planConfig, planNproc, planSets, maxSeq);
+    if (*plot) return cmdPlot(plotFiles, plotLabels, plotOut, plotOpt);
+    if (*tokenize) return cmdTokenize(tf);
   } catch (const std::exception& e) {
     if (std::getenv("WORLD_SIZE")) std::fprintf(stderr, "longtrain: error on rank %d: %s\n", rank, e.what());
     else std::fprintf(stderr, "longtrain: error: %s\n", e.what());

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -88,8 +89,9 @@ std::string KvRecallDataset::describe() const {
 }
 
 // ---------------------------------------------------------------------------- token files
-TokenFileDataset::TokenFileDataset(const std::string& path, int bytesPerToken, int64_t seqLen, int64_t vocabSize)
-    : path_(path), bytesPerToken_(bytesPerToken), seqLen_(seqLen), vocab_(vocabSize) {
+TokenFileDataset::TokenFileDataset(const std::string& path, int bytesPerToken, int64_t seqLen, int64_t vocabSize,
+                                   TokenWindows windows)
+    : path_(path), bytesPerToken_(bytesPerToken), seqLen_(seqLen), vocab_(vocabSize), w_(windows) {
   LT_CHECK(bytesPerToken == 1 || bytesPerToken == 2 || bytesPerToken == 4, "token width must be 1, 2 or 4 bytes");
   LT_CHECK(seqLen >= 1, "data.seq_len=", seqLen, " must be at least 1");
   LT_CHECK(vocabSize >= 1, "model.vocab_size=", vocabSize, " must be at least 1");
@@ -109,6 +111,14 @@ TokenFileDataset::TokenFileDataset(const std::string& path, int bytesPerToken, i
     LT_CHECK(false, "data.path='", path, "' holds ", numTokens_, " tokens, fewer than one window of data.seq_len=",
              seqLen);
   }
+  const int64_t all = numTokens_ / seqLen_;
+  numWindows_ = w_.numWindows < 0 ? all - w_.firstWindow : w_.numWindows;
+  if (w_.firstWindow < 0 || numWindows_ < 1 || w_.firstWindow + numWindows_ > all) {
+    ::close(fd);
+    LT_CHECK(false, "data.path='", path, "' holds ", all, " windows of data.seq_len=", seqLen, "; windows [",
+             w_.firstWindow, ", ", w_.firstWindow + numWindows_,
+             ") were asked for (lower data.eval_fraction or data.seq_len, or supply more data)");
+  }
   void* p = ::mmap(nullptr, mapBytes_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   LT_CHECK(p != MAP_FAILED, "data.path='", path, "': mmap failed: ", std::strerror(errno));
@@ -123,23 +133,60 @@ Sample TokenFileDataset::get(int64_t i) const {
   LT_ASSERT(i >= 0 && i < size());
   Sample s;
   s.ids.resize(seqLen_);
-  const uint8_t* base = map_ + static_cast<size_t>(i * seqLen_) * bytesPerToken_;
+  const int64_t window = w_.firstWindow + i;
+  const uint8_t* base = map_ + static_cast<size_t>(window * seqLen_) * bytesPerToken_;
   for (int64_t t = 0; t < seqLen_; ++t) {
     uint32_t v = 0;
     if (bytesPerToken_ == 1) v = base[t];
     else if (bytesPerToken_ == 2) { uint16_t x; std::memcpy(&x, base + 2 * t, 2); v = x; }
     else std::memcpy(&v, base + 4 * t, 4);
     LT_CHECK(bytesPerToken_ == 1 || static_cast<int64_t>(v) < vocab_, "data.path='", path_, "': token ", v,
-             " at index ", i * seqLen_ + t, " is outside model.vocab_size=", vocab_,
+             " at index ", window * seqLen_ + t, " is outside model.vocab_size=", vocab_,
              "; raise model.vocab_size or check data.type (uint16 vs uint32)");
     s.ids[t] = v;
   }
   s.labels = s.ids;
+  if (w_.packEos >= 0) packDocuments(s, w_.packEos);
   return s;
 }
 
+void packDocuments(Sample& s, int64_t eosId) {
+  const size_t n = s.ids.size();
+  s.positions.resize(n);
+  int64_t pos = 0;
+  for (size_t t = 0; t < n; ++t) {
+    if (t > 0 && s.ids[t - 1] == eosId) {
+      pos = 0;
+      s.labels[t] = kIgnoreIndex;
+    }
+    s.positions[t] = pos++;
+  }
+}
+
 std::string TokenFileDataset::describe() const {
-  return "tokens(" + path_ + ", " + std::to_string(numTokens_) + " tokens, " + std::to_string(size()) + " windows)";
+  return "tokens(" + path_ + ", " + std::to_string(numTokens_) + " tokens, windows [" + std::to_string(w_.firstWindow) +
+         ", " + std::to_string(w_.firstWindow + size()) + ")" + (w_.packEos >= 0 ? ", packed documents" : "") + ")";
+}
+
+double unigramBaselineLoss(const Dataset& train, const Dataset& eval, int64_t vocab) {
+  std::vector<double> counts(static_cast<size_t>(vocab), 1.0);  // add-one
+  double total = static_cast<double>(vocab);
+  for (int64_t i = 0; i < train.size(); ++i)
+    for (int64_t t : train.get(i).ids) {
+      counts[static_cast<size_t>(t)] += 1;
+      total += 1;
+    }
+  double loss = 0;
+  int64_t n = 0;
+  for (int64_t i = 0; i < eval.size(); ++i) {
+    const Sample s = eval.get(i);
+    for (size_t t = 1; t < s.labels.size(); ++t) {  // the targets of positions 0..S-2
+      if (s.labels[t] == kIgnoreIndex) continue;
+      loss -= std::log(counts[static_cast<size_t>(s.labels[t])] / total);
+      ++n;
+    }
+  }
+  return n ? loss / static_cast<double>(n) : 0.0;
 }
 
 // ---------------------------------------------------------------------------- sampling
@@ -189,12 +236,17 @@ Batch collate(const std::vector<Sample>& samples) {
   out.labels = at::empty({b, s}, at::kLong);
   auto* ids = out.input_ids.data_ptr<int64_t>();
   auto* lab = out.labels.data_ptr<int64_t>();
+  out.position_ids = at::arange(s, at::kLong).unsqueeze(0).expand({b, s}).contiguous();
+  auto* pos = out.position_ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < b; ++i) {
     LT_ASSERT(static_cast<int64_t>(samples[i].ids.size()) == s);
     std::copy(samples[i].ids.begin(), samples[i].ids.end(), ids + i * s);
     std::copy(samples[i].labels.begin(), samples[i].labels.end(), lab + i * s);
+    if (!samples[i].positions.empty()) {
+      LT_ASSERT(static_cast<int64_t>(samples[i].positions.size()) == s);
+      std::copy(samples[i].positions.begin(), samples[i].positions.end(), pos + i * s);
+    }
   }
-  out.position_ids = at::arange(s, at::kLong).unsqueeze(0).expand({b, s}).contiguous();
   return out;
 }
 

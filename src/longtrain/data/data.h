@@ -28,7 +28,14 @@ at::Tensor shiftLabels(const at::Tensor& labels);
 
 struct Sample {
   std::vector<int64_t> ids, labels;  // labels unshifted, kIgnoreIndex where not scored
+  std::vector<int64_t> positions;    // position ids; empty: 0..S-1
 };
+
+// Document packing (Hugging Face's DataCollatorWithFlattening convention): a document runs
+// up to and including its EOS; position ids restart at 0 after every EOS, and the first
+// token after an EOS gets label -100, so no token is predicted from another document.
+// Attention reads the boundaries back from the positions (model::documentStartFromPositions).
+void packDocuments(Sample& s, int64_t eosId);
 
 class Dataset {
  public:
@@ -70,11 +77,19 @@ class KvRecallDataset : public Dataset {
 
 // A flat little-endian array of uint16 or uint32 tokens (llm.c / nanoGPT .bin without header,
 // or raw bytes with bytesPerToken = 1), memory-mapped, cut into non-overlapping windows.
+// With packEos >= 0 each window is packed (packDocuments) at that separator. The dataset is
+// windows [firstWindow, firstWindow + numWindows) of the file (numWindows -1: to the end), so
+// a held-out split is a range the training range excludes.
+struct TokenWindows {
+  int64_t packEos = -1, firstWindow = 0, numWindows = -1;
+};
 class TokenFileDataset : public Dataset {
  public:
-  TokenFileDataset(const std::string& path, int bytesPerToken, int64_t seqLen, int64_t vocabSize);
+  TokenFileDataset(const std::string& path, int bytesPerToken, int64_t seqLen, int64_t vocabSize,
+                   TokenWindows windows = {});
   ~TokenFileDataset() override;
-  int64_t size() const override { return numTokens_ / seqLen_; }
+  int64_t size() const override { return numWindows_; }
+  int64_t fileWindows() const { return numTokens_ / seqLen_; }
   int64_t seqLen() const override { return seqLen_; }
   int64_t vocabNeeded() const override { return bytesPerToken_ == 1 ? 256 : vocab_; }
   Sample get(int64_t i) const override;
@@ -83,10 +98,16 @@ class TokenFileDataset : public Dataset {
  private:
   std::string path_;
   int bytesPerToken_;
-  int64_t seqLen_, vocab_, numTokens_ = 0;
+  int64_t seqLen_, vocab_, numTokens_ = 0, numWindows_ = 0;
+  TokenWindows w_;
   const uint8_t* map_ = nullptr;
   size_t mapBytes_ = 0;
 };
+
+// The loss a model knowing only token frequencies reaches: the mean cross-entropy (nats) of
+// `eval`'s scored tokens under `train`'s unigram distribution (add-one smoothed over `vocab`).
+// The baseline a language model's eval loss must fall clearly below.
+double unigramBaselineLoss(const Dataset& train, const Dataset& eval, int64_t vocab);
 
 // Deterministic permutation of [0, n) for an epoch (Fisher-Yates on splitmix64).
 std::vector<int64_t> epochPermutation(int64_t n, uint64_t seed, int64_t epoch);
@@ -121,7 +142,7 @@ class Loader {
   mutable std::vector<int64_t> perm_;
 };
 
-// Stacks samples into a Batch with position_ids 0..S-1.
+// Stacks samples into a Batch (position_ids 0..S-1 where a sample has none).
 Batch collate(const std::vector<Sample>& samples);
 
 }  // namespace lt::data

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "longtrain/core/check.h"
+#include "longtrain/model/fused_attention.h"
 #include "longtrain/model/fused_ops.h"
 #include "longtrain/model/model.h"
 
@@ -20,22 +21,29 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Scores of query rows [qs, qe) against key columns [ks, ke), causally masked. [B, H, r, c]
+// Scores of query rows [qs, qe) against key columns [ks, ke), causally masked, and with `start`
+// ([B, S], defined for packed documents) also left of each row's document start. [B, H, r, c]
 at::Tensor blockScores(const at::Tensor& q, const at::Tensor& k, int64_t qs, int64_t qe, int64_t ks, int64_t ke,
-                       double scale) {
+                       double scale, const at::Tensor& start) {
   auto s = at::matmul(q.slice(2, qs, qe), k.slice(2, ks, ke).transpose(-2, -1)) * scale;
+  auto cols = at::arange(ks, ke, q.options().dtype(at::kLong)).unsqueeze(0);
   if (ke > qs + 1) {  // some column lies right of some row's diagonal
     auto rows = at::arange(qs, qe, q.options().dtype(at::kLong)).unsqueeze(1);
-    auto cols = at::arange(ks, ke, q.options().dtype(at::kLong)).unsqueeze(0);
     s = s.masked_fill(cols > rows, -std::numeric_limits<float>::infinity());
+  }
+  if (start.defined()) {
+    auto before = cols < start.slice(1, qs, qe).unsqueeze(-1);  // [B, r, c]
+    s = s.masked_fill(before.unsqueeze(1), -std::numeric_limits<float>::infinity());
   }
   return s;
 }
 
 struct ChunkedFn : torch::autograd::Function<ChunkedFn> {
   // q, k, v: [B, H, S, D] (KV already expanded to H heads).
+  // documents: [B, S] document starts (packed documents), or empty.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            int64_t chunk) {
+                            int64_t chunk, const at::Tensor& documents) {
+    const at::Tensor start = documents.numel() > 0 ? documents : at::Tensor();
     at::NoGradGuard ng;
     const int64_t S = q.size(2);
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
@@ -46,8 +54,11 @@ struct ChunkedFn : torch::autograd::Function<ChunkedFn> {
       at::Tensor m, l, acc;
       for (int64_t ks = 0; ks < qe; ks += chunk) {
         const int64_t ke = std::min(qe, ks + chunk);
-        auto s = blockScores(q, k, qs, qe, ks, ke, scale);  // [B, H, r, c]
+        auto s = blockScores(q, k, qs, qe, ks, ke, scale, start);  // [B, H, r, c]
         auto bm = std::get<0>(s.max(-1, true));
+        // A row whose document starts right of this block sees no key here: a finite max
+        // keeps exp(-inf - max) at 0 instead of NaN.
+        if (start.defined()) bm = at::clamp_min(bm, -1e30);
         auto mNew = m.defined() ? at::maximum(m, bm) : bm;
         auto p = at::exp(s - mNew);
         auto pv = at::matmul(p, v.slice(2, ks, ke));
@@ -66,6 +77,7 @@ struct ChunkedFn : torch::autograd::Function<ChunkedFn> {
     }
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["start"] = documents;
     return out;
   }
 
@@ -74,6 +86,8 @@ struct ChunkedFn : torch::autograd::Function<ChunkedFn> {
     auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const int64_t chunk = ctx->saved_data["chunk"].toInt(), S = q.size(2);
+    at::Tensor start = ctx->saved_data["start"].toTensor();
+    if (start.numel() == 0) start = at::Tensor();
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
     auto dO = grads[0].contiguous();
     auto delta = (dO * out).sum(-1, true);  // [B, H, S, 1]
@@ -84,7 +98,7 @@ struct ChunkedFn : torch::autograd::Function<ChunkedFn> {
       auto lsei = lse.slice(2, qs, qe).unsqueeze(-1), deltai = delta.slice(2, qs, qe);
       for (int64_t ks = 0; ks < qe; ks += chunk) {
         const int64_t ke = std::min(qe, ks + chunk);
-        auto p = at::exp(blockScores(q, k, qs, qe, ks, ke, scale) - lsei);  // [B, H, r, c]
+        auto p = at::exp(blockScores(q, k, qs, qe, ks, ke, scale, start) - lsei);  // [B, H, r, c]
         dv.slice(2, ks, ke).add_(at::matmul(p.transpose(-2, -1), dOi));
         auto dp = at::matmul(dOi, v.slice(2, ks, ke).transpose(-2, -1));
         auto ds = p * (dp - deltai) * scale;
@@ -92,7 +106,7 @@ struct ChunkedFn : torch::autograd::Function<ChunkedFn> {
         dk.slice(2, ks, ke).add_(at::matmul(ds.transpose(-2, -1), qi));
       }
     }
-    return {dq, dk, dv, at::Tensor()};
+    return {dq, dk, dv, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -149,7 +163,8 @@ at::Tensor tiledMlp(const at::Tensor& x, const at::Tensor& wGate, const at::Tens
   return TiledMlpFn::apply(x, wGate, wUp, wDown, shards, options.fused, options.bf16);
 }
 
-at::Tensor chunkedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk) {
+at::Tensor chunkedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk,
+                            const at::Tensor& packedPositions) {
   LT_CHECK(chunk >= 1, "model.attention_chunk=", chunk, " must be at least 1");
   const int64_t h = q.size(2), kv = k.size(2);
   LT_ASSERT(h % kv == 0);
@@ -157,7 +172,10 @@ at::Tensor chunkedAttention(const at::Tensor& q, const at::Tensor& k, const at::
   auto kk = kv == h ? k : k.repeat_interleave(h / kv, 2);
   auto vv = kv == h ? v : v.repeat_interleave(h / kv, 2);
   auto o = ChunkedFn::apply(q.transpose(1, 2).contiguous(), kk.transpose(1, 2).contiguous(),
-                            vv.transpose(1, 2).contiguous(), chunk);  // [B, H, S, D]
+                            vv.transpose(1, 2).contiguous(), chunk,
+                            // autograd's apply needs a defined tensor: an empty one means "no documents"
+                            packedPositions.defined() ? documentStartFromPositions(packedPositions)
+                                                      : at::empty({0}, at::kLong));
   return o.transpose(1, 2);  // [B, S, H, D]
 }
 

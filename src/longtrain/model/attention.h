@@ -8,8 +8,10 @@
 namespace lt::model {
 
 // q [B, S, H, Dh], k and v [B, S, KV, Dh] -> [B, S, H, Dh]; blocks of `chunk` rows and columns
-// (S need not be a multiple of chunk).
-at::Tensor chunkedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk);
+// (S need not be a multiple of chunk). With packedPositions [B, S], block-diagonal causal over
+// the documents they mark (model::AttentionFn's contract).
+at::Tensor chunkedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk,
+                            const at::Tensor& packedPositions = {});
 
 // DeepSpeed's TiledMLP: the SwiGLU MLP down(silu(gate(x)) * up(x)) over `shards` sequence
 // shards; forward keeps none of the [B, S, intermediate] activations, backward recomputes

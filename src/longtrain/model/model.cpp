@@ -34,7 +34,8 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& pos, double theta) {
   return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
 }
 
-at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& packedPositions) {
   int64_t h = q.size(2), kv = k.size(2), s = q.size(1), d = q.size(3);
   LT_ASSERT(h % kv == 0);
   auto kk = kv == h ? k : k.repeat_interleave(h / kv, 2);
@@ -42,6 +43,11 @@ at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
   auto qt = q.transpose(1, 2), kt = kk.transpose(1, 2), vt = vv.transpose(1, 2);  // [B, H, S, Dh]
   auto scores = at::matmul(qt, kt.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
   auto mask = at::ones({s, s}, q.options().dtype(at::kBool)).triu(1);
+  if (packedPositions.defined()) {  // also mask keys before the query's document start
+    auto start = documentStartFromPositions(packedPositions).unsqueeze(-1);  // [B, S, 1]
+    auto cols = at::arange(s, start.options()).view({1, 1, s});
+    mask = (mask.unsqueeze(0) | (cols < start)).unsqueeze(1);  // [B, 1, S, S]
+  }
   scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
   auto p = at::softmax(scores, -1);
   return at::matmul(p, vt).transpose(1, 2);  // [B, S, H, Dh]
@@ -54,19 +60,24 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, bool bf16) {
 
 AttentionFn attentionCore(const ModelConfig& cfg) {
   const int64_t tile = cfg.attentionChunk;
-  if (cfg.attention == "naive") return causalAttention;
+  if (cfg.attention == "naive") return [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           const at::Tensor& pos) { return causalAttention(q, k, v, pos); };
   if (cfg.attention == "chunked")
-    return [chunk = tile > 0 ? tile : 256](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-      return chunkedAttention(q, k, v, chunk);
-    };
+    return [chunk = tile > 0 ? tile : 256](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           const at::Tensor& pos) { return chunkedAttention(q, k, v, chunk, pos); };
   LT_CHECK(cfg.attention == "fused", "model.attention=\"", cfg.attention,
            "\" is not one of \"fused\", \"chunked\", \"naive\"");
   FusedAttentionOptions o;
   o.tile = tile;
-  return [o](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) { return fusedAttention(q, k, v, o); };
+  return [o](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pos) {
+    if (!pos.defined()) return fusedAttention(q, k, v, o);
+    FusedAttentionOptions withDocuments = o;
+    withDocuments.documentStart = documentStartFromPositions(pos);
+    return fusedAttention(q, k, v, withDocuments);
+  };
 }
 
-Model::Model(const ModelConfig& cfg, uint64_t seed) : cfg_(cfg) {
+Model::Model(const ModelConfig& cfg, uint64_t seed, bool initialize) : cfg_(cfg) {
   LT_CHECK(cfg.hidden % cfg.heads == 0, "model.hidden_size=", cfg.hidden, " must be divisible by model.num_heads=",
            cfg.heads);
   LT_CHECK(cfg.heads % cfg.kvHeads == 0, "model.num_heads=", cfg.heads, " must be divisible by model.num_kv_heads=",
@@ -75,10 +86,12 @@ Model::Model(const ModelConfig& cfg, uint64_t seed) : cfg_(cfg) {
   int64_t index = 0;
   auto normal = [&](std::vector<int64_t> shape, double std) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ull + static_cast<uint64_t>(index++));
+    if (!initialize) return at::empty(shape, at::kFloat).set_requires_grad(true);
     return at::normal(0.0, std, shape, gen).set_requires_grad(true);
   };
   auto ones = [&](int64_t n) {
     ++index;
+    if (!initialize) return at::empty({n}, at::kFloat).set_requires_grad(true);
     return at::ones({n}, at::kFloat).set_requires_grad(true);
   };
   const int64_t d = cfg.hidden, kvDim = cfg.kvHeads * cfg.headDim(), f = cfg.intermediate;
@@ -170,7 +183,7 @@ at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const
     q = rope(q, pos, cfg_.ropeTheta);
     kk = rope(kk, pos, cfg_.ropeTheta);
   }
-  auto a = attn(q, kk, v).reshape({B, S, H * Dh});
+  auto a = attn(q, kk, v, cfg_.packedDocuments ? pos : at::Tensor()).reshape({B, S, H * Dh});
   auto x1 = x + linear(a, k.wo, bf16);
   auto m = norm(x1, k.mlpNorm);
   // DeepSpeed's default shard count; every SP rank holds S/P tokens, so all agree on it.
@@ -195,6 +208,53 @@ at::Tensor Model::logits(const at::Tensor& x) const {
 at::Tensor Model::forward(const at::Tensor& ids, const at::Tensor& pos, const AttentionFn& attn) const {
   auto x = embed(ids);
   for (int b = 0; b < numBlocks(); ++b) x = block(b, x, pos, attn);
+  return logits(x);
+}
+
+// ---------------------------------------------------------------------------- decoding
+KvCache::KvCache(const Model& m, int64_t batch, int64_t cap) : capacity(cap) {
+  const auto& c = m.config();
+  for (int b = 0; b < m.numBlocks(); ++b) {
+    k.push_back(at::empty({batch, cap, c.kvHeads, c.headDim()}, at::kFloat));
+    v.push_back(at::empty({batch, cap, c.kvHeads, c.headDim()}, at::kFloat));
+  }
+}
+
+at::Tensor Model::norm(const at::Tensor& x, const at::Tensor& w) const {
+  return cfg_.fusedKernels ? fusedRmsNorm(x, w, cfg_.normEps) : rmsNorm(x, w, cfg_.normEps);
+}
+
+// block() for new tokens at positions `pos` attending to the cache (plain softmax: decoding
+// steps are one query long, and a prompt's [T, T] scores are small next to training's).
+at::Tensor Model::decodeBlock(int b, const at::Tensor& x, const at::Tensor& pos, KvCache& cache) const {
+  const auto& k = blocks_[b];
+  const int64_t B = x.size(0), T = x.size(1), H = cfg_.heads, KV = cfg_.kvHeads, Dh = cfg_.headDim();
+  const int64_t past = cache.length, total = past + T;
+  auto h = norm(x, k.attnNorm);
+  auto q = rope(linear(h, k.wq, cfg_.bf16Compute).view({B, T, H, Dh}), pos, cfg_.ropeTheta);
+  cache.k[b].narrow(1, past, T).copy_(rope(linear(h, k.wk, cfg_.bf16Compute).view({B, T, KV, Dh}), pos, cfg_.ropeTheta));
+  cache.v[b].narrow(1, past, T).copy_(linear(h, k.wv, cfg_.bf16Compute).view({B, T, KV, Dh}));
+  auto keys = cache.k[b].narrow(1, 0, total), values = cache.v[b].narrow(1, 0, total);
+  if (KV != H) {
+    keys = keys.repeat_interleave(H / KV, 2);
+    values = values.repeat_interleave(H / KV, 2);
+  }
+  auto scores = at::matmul(q.transpose(1, 2), keys.transpose(1, 2).transpose(-2, -1)) / std::sqrt(double(Dh));
+  auto rows = at::arange(past, total, at::kLong).unsqueeze(1), cols = at::arange(total, at::kLong).unsqueeze(0);
+  scores = scores.masked_fill(cols > rows, -std::numeric_limits<float>::infinity());  // [B, H, T, total]
+  auto a = at::matmul(at::softmax(scores, -1), values.transpose(1, 2)).transpose(1, 2).reshape({B, T, H * Dh});
+  auto x1 = x + linear(a, k.wo, cfg_.bf16Compute);
+  return x1 + tiledMlp(norm(x1, k.mlpNorm), k.wGate, k.wUp, k.wDown, 1, {cfg_.fusedKernels, cfg_.bf16Compute});
+}
+
+at::Tensor Model::decode(const at::Tensor& ids, KvCache& cache) const {
+  const int64_t T = ids.size(1);
+  LT_CHECK(cache.length + T <= cache.capacity, "decode: the KV cache holds ", cache.capacity, " tokens, ",
+           cache.length + T, " asked for");
+  auto pos = (at::arange(T, at::kLong) + cache.length).unsqueeze(0).expand({ids.size(0), T});
+  auto x = embed(ids);
+  for (int b = 0; b < numBlocks(); ++b) x = decodeBlock(b, x, pos, cache);
+  cache.length += T;
   return logits(x);
 }
 

@@ -20,6 +20,10 @@ struct ModelConfig {
   int64_t vocabSize = 256, hidden = 128, layers = 2, heads = 4, kvHeads = 4, intermediate = 344;
   double ropeTheta = 10000.0, normEps = 1e-5, initStd = 0.02;
   bool tieEmbeddings = false;
+  // model.init_from: a Hugging Face Llama directory whose config.json gave the fields above
+  // and whose safetensors give the initial weights ("" : random init from the seed).
+  std::string initFrom;
+  int64_t maxPositions = 0;  // max_position_embeddings of init_from (0: unknown); recorded on export
   // The attention core: "fused" (fused_attention.h, the default), "chunked" (attention.h) or
   // "naive" (causalAttention); the last two are the references the fused kernel is tested against.
   std::string attention = "fused";
@@ -32,13 +36,20 @@ struct ModelConfig {
   // GEMMs (projections, MLP, LM head) in bf16 with fp32 outputs; weights, norms, attention,
   // gradients and the optimizer stay fp32 (bf16.enabled, when the CPU's bf16 GEMM is faster).
   bool bf16Compute = false;
+  // data.packing "documents": attention is block-diagonal causal over the documents that the
+  // position ids mark (they restart at 0 at each document's first token).
+  bool packedDocuments = false;
   int64_t headDim() const { return hidden / heads; }
   int64_t numParams() const;
 };
 
 // The core of attention: q [B, S, H, Dh], k and v [B, S, KV, Dh], already rotated, over the
-// whole sequence; returns [B, S, H, Dh]. Ulysses SP substitutes one that all-to-alls.
-using AttentionFn = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
+// whole sequence; returns [B, S, H, Dh]. `packedPositions` is undefined for plain causal
+// attention; with packed documents it is the position ids [B, S] (restarting at 0 per
+// document), and no query attends to a key of another document. Ulysses SP substitutes a core
+// that all-to-alls (and gathers the positions of the whole sequence).
+using AttentionFn = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             const at::Tensor& packedPositions)>;
 
 // x W^T, in bf16 (operands cast, fp32 result) when `bf16`; differentiable in both.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, bool bf16);
@@ -46,8 +57,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, bool bf16);
 // The attention core cfg.attention names, with its tile (cfg.attentionChunk).
 AttentionFn attentionCore(const ModelConfig& cfg);
 
-// Plain causal attention with GQA (KV heads repeated to H). Materializes [B, H, S, S].
-at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+// Plain causal attention with GQA (KV heads repeated to H). Materializes [B, H, S, S]. With
+// packedPositions, block-diagonal causal over the documents they mark.
+at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& packedPositions = {});
 
 at::Tensor rmsNorm(const at::Tensor& x, const at::Tensor& w, double eps);
 // x [B, S, H, Dh], pos [B, S]: rotary embedding with the half-split layout (Hugging Face Llama).
@@ -58,9 +71,20 @@ struct NamedParam {
   at::Tensor tensor;
 };
 
+class Model;
+
+// Keys and values of every block for decoding ([B, capacity, KV, Dh] each, filled to length).
+struct KvCache {
+  KvCache(const Model& m, int64_t batch, int64_t capacity);
+  std::vector<at::Tensor> k, v;
+  int64_t length = 0, capacity = 0;
+};
+
 class Model {
  public:
-  Model(const ModelConfig& cfg, uint64_t seed);
+  // initialize=false leaves the weights uninitialized (at::empty: pages untouched until
+  // written, so a model whose weights are loaded next never needs its random init in memory).
+  Model(const ModelConfig& cfg, uint64_t seed, bool initialize = true);
 
   const ModelConfig& config() const { return cfg_; }
   int numBlocks() const { return static_cast<int>(cfg_.layers); }
@@ -83,6 +107,9 @@ class Model {
 
   // Whole-model forward with plain autograd: the reference the step program is tested against.
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& pos, const AttentionFn& attn) const;
+  // Decoding: the logits [B, T, V] of `ids` [B, T], the tokens following the cache's; their
+  // keys and values are appended to it (generate.h). Call under no-grad.
+  at::Tensor decode(const at::Tensor& ids, KvCache& cache) const;
 
  private:
   struct Block {
@@ -94,6 +121,8 @@ class Model {
     at::Tensor pos, cos, sin;
   };
   std::pair<at::Tensor, at::Tensor> ropeTableFor(const at::Tensor& pos) const;
+  at::Tensor norm(const at::Tensor& x, const at::Tensor& w) const;
+  at::Tensor decodeBlock(int b, const at::Tensor& x, const at::Tensor& pos, KvCache& cache) const;
   ModelConfig cfg_;
   mutable RopeCache rope_;
   at::Tensor embed_, finalNorm_, lmHead_;

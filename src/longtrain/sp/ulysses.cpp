@@ -72,8 +72,17 @@ void checkHeads(int64_t heads, int64_t kvHeads, int p) {
            ": one must divide the other (KV heads are split over ranks, or replicated when fewer than P)");
 }
 
+// The position ids [B, S] of the whole sequence from every SP rank's shard [B, S/P] (rank r
+// holds tokens [r S/P, (r+1) S/P)): packed documents may cross shard boundaries.
+static at::Tensor wholeSequence(const at::Tensor& posShard, comm::Comm* sp) {
+  const int64_t P = sp->size(), B = posShard.size(0), n = posShard.size(1);
+  auto all = at::empty({P * B * n}, at::kLong);
+  sp->allGather(all, posShard.contiguous().view({-1})).wait();
+  return all.view({P, B, n}).permute({1, 0, 2}).reshape({B, P * n});
+}
+
 model::AttentionFn ulyssesAttention(std::shared_ptr<comm::Comm> sp, model::AttentionFn core) {
-  return [sp, core](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return [sp, core](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pos) {
     const int64_t P = sp->size(), kv = k.size(2);
     at::Tensor kk = k, vv = v;
     if (kv < P) {  // replicate KV heads so every rank holds one (autograd sums the copies' grads)
@@ -83,7 +92,7 @@ model::AttentionFn ulyssesAttention(std::shared_ptr<comm::Comm> sp, model::Atten
     auto qh = seqToHeads(q, sp.get());   // [B, S, H/P, Dh]
     auto kh = seqToHeads(kk, sp.get());  // [B, S, KV/P (>= 1), Dh]
     auto vh = seqToHeads(vv, sp.get());
-    auto o = core(qh, kh, vh);           // [B, S, H/P, Dh]
+    auto o = core(qh, kh, vh, pos.defined() ? wholeSequence(pos, sp.get()) : at::Tensor());  // [B, S, H/P, Dh]
     return headsToSeq(o.contiguous(), sp.get());  // [B, S/P, H, Dh]
   };
 }

@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "longtrain/core/check.h"
 #include "longtrain/core/strings.h"
+#include "longtrain/model/hf_config.h"
 
 namespace lt::train {
 
@@ -147,6 +149,81 @@ void resolveBatch(Config& c, int worldSize) {
   c.gradAccum = ga;
 }
 
+// The model's architecture keys, read over the Hugging Face config.json of model.init_from when
+// it is given: a key given in both must agree, a key given only there is taken from it.
+struct ModelKeys {
+  Section& m;
+  const model::HfLlamaConfig* hf;
+  std::string hfFile;
+  template <class T>
+  T agree(const char* key, T parsed, T theirs) {
+    if (!hf || !m.has(key) || parsed == theirs) return parsed;
+    const char* field = key;
+    for (const auto& k : model::kHfModelKeys)
+      if (std::string(k.ours) == key) field = k.theirs;
+    LT_CHECK(false, "config key 'model.", key, "' = ", nlohmann::json(parsed).dump(), " disagrees with ", field, " = ",
+             nlohmann::json(theirs).dump(), " in '", hfFile, "' (model.init_from); remove the key or make them agree");
+    return parsed;
+  }
+  int64_t integer(const char* key, int64_t def, int64_t hfValue, int64_t lo, int64_t hi) {
+    return agree(key, m.getInt(key, hf ? hfValue : def, lo, hi), hfValue);
+  }
+  double number(const char* key, double def, double hfValue, double lo, double hi) {
+    return agree(key, m.getNum(key, hf ? hfValue : def, lo, hi), hfValue);
+  }
+};
+
+model::ModelConfig parseModel(Section m) {
+  model::ModelConfig mc;
+  mc.initFrom = m.getString("init_from", "");
+  std::optional<model::HfLlamaConfig> hf;
+  if (!mc.initFrom.empty()) hf = model::readHfLlamaConfig(mc.initFrom);
+  const model::ModelConfig theirs = hf ? hf->model : model::ModelConfig{};
+  ModelKeys k{m, hf ? &*hf : nullptr, mc.initFrom + "/config.json"};
+  mc.vocabSize = k.integer("vocab_size", 64, theirs.vocabSize, 2, kBig);
+  mc.hidden = k.integer("hidden_size", 64, theirs.hidden, 2, kBig);
+  mc.layers = k.integer("num_layers", 2, theirs.layers, 1, 100000);
+  mc.heads = k.integer("num_heads", 4, theirs.heads, 1, 100000);
+  mc.kvHeads = k.integer("num_kv_heads", mc.heads, theirs.kvHeads, 1, 100000);
+  mc.intermediate = k.integer("intermediate_size", 4 * mc.hidden, theirs.intermediate, 1, kBig);
+  mc.ropeTheta = k.number("rope_theta", 10000.0, theirs.ropeTheta, 1, 1e12);
+  mc.normEps = k.number("rms_norm_eps", 1e-5, theirs.normEps, 0, 1);
+  mc.tieEmbeddings = k.agree("tie_word_embeddings", m.getBool("tie_word_embeddings", theirs.tieEmbeddings),
+                             theirs.tieEmbeddings);
+  if (hf) mc.maxPositions = hf->maxPositions;
+  mc.initStd = m.getNum("init_std", 0.02, 0, 10);
+  mc.attention = m.getEnum("attention", "fused", {"fused", "chunked", "naive"});
+  mc.attentionChunk = m.getInt("attention_chunk", 0, 0, kBig);
+  mc.lossChunk = m.getInt("loss_chunk", 0, 0, kBig);
+  mc.tiledMlp = m.getBool("tiled_mlp", false);
+  mc.fusedKernels = m.getBool("fused_kernels", true);
+  m.finish();
+  LT_CHECK(mc.hidden % mc.heads == 0, "model.hidden_size=", mc.hidden, " must be divisible by model.num_heads=",
+           mc.heads);
+  LT_CHECK(mc.heads % mc.kvHeads == 0, "model.num_heads=", mc.heads, " must be divisible by model.num_kv_heads=",
+           mc.kvHeads);
+  LT_CHECK(mc.headDim() % 2 == 0, "model.hidden_size / model.num_heads = ", mc.headDim(),
+           " must be even (RoPE rotates pairs)");
+  return mc;
+}
+
+// The config as parsed, for the record (checkpoint manifests, export): with init_from, the
+// model keys it supplied are written out, so the record stands without the directory.
+std::string effectiveSource(json j, const model::ModelConfig& mc) {
+  if (mc.initFrom.empty()) return j.dump();
+  json& m = j["model"];
+  m["vocab_size"] = mc.vocabSize;
+  m["hidden_size"] = mc.hidden;
+  m["num_layers"] = mc.layers;
+  m["num_heads"] = mc.heads;
+  m["num_kv_heads"] = mc.kvHeads;
+  m["intermediate_size"] = mc.intermediate;
+  m["rope_theta"] = mc.ropeTheta;
+  m["rms_norm_eps"] = mc.normEps;
+  m["tie_word_embeddings"] = mc.tieEmbeddings;
+  return j.dump();
+}
+
 }  // namespace
 
 Config parseConfig(const json& j, int worldSize) {
@@ -247,40 +324,19 @@ Config parseConfig(const json& j, int worldSize) {
     }
     cs.finish();
   }
-  {
-    Section m = root.sub("model");
-    auto& mc = c.model;
-    mc.vocabSize = m.getInt("vocab_size", 64, 2, kBig);
-    mc.hidden = m.getInt("hidden_size", 64, 2, kBig);
-    mc.layers = m.getInt("num_layers", 2, 1, 100000);
-    mc.heads = m.getInt("num_heads", 4, 1, 100000);
-    mc.kvHeads = m.getInt("num_kv_heads", mc.heads, 1, 100000);
-    mc.intermediate = m.getInt("intermediate_size", 4 * mc.hidden, 1, kBig);
-    mc.ropeTheta = m.getNum("rope_theta", 10000.0, 1, 1e12);
-    mc.normEps = m.getNum("rms_norm_eps", 1e-5, 0, 1);
-    mc.initStd = m.getNum("init_std", 0.02, 0, 10);
-    mc.tieEmbeddings = m.getBool("tie_word_embeddings", false);
-    mc.attention = m.getEnum("attention", "fused", {"fused", "chunked", "naive"});
-    mc.attentionChunk = m.getInt("attention_chunk", 0, 0, kBig);
-    mc.lossChunk = m.getInt("loss_chunk", 0, 0, kBig);
-    mc.tiledMlp = m.getBool("tiled_mlp", false);
-    mc.fusedKernels = m.getBool("fused_kernels", true);
-    m.finish();
-    LT_CHECK(mc.hidden % mc.heads == 0, "model.hidden_size=", mc.hidden, " must be divisible by model.num_heads=",
-             mc.heads);
-    LT_CHECK(mc.heads % mc.kvHeads == 0, "model.num_heads=", mc.heads,
-             " must be divisible by model.num_kv_heads=", mc.kvHeads);
-    LT_CHECK(mc.headDim() % 2 == 0, "model.hidden_size / model.num_heads = ", mc.headDim(),
-             " must be even (RoPE rotates pairs)");
-  }
+  c.model = parseModel(root.sub("model"));
   {
     Section d = root.sub("data");
     auto& dc = c.data;
     dc.type = d.getEnum("type", "kv_recall", {"kv_recall", "uint16", "uint32", "bytes"});
     dc.path = d.getString("path", "");
+    dc.tokenizer = d.getString("tokenizer", "");
+    dc.packing = d.getEnum("packing", "none", {"none", "documents"});
+    dc.eosId = d.getInt("eos_id", -1, -1, kBig);
     dc.seqLen = d.getInt("seq_len", 256, 2, kBig);
     dc.numSamples = d.getInt("num_samples", 100000, 1, kBig);
     dc.evalSamples = d.getInt("eval_samples", 64, 0, kBig);
+    dc.evalFraction = d.getNum("eval_fraction", 0, 0, 0.5);
     Section kv = d.sub("kv");
     dc.kvPairs = kv.getInt("num_pairs", 16, 1, kBig);
     dc.kvQueries = kv.getInt("num_queries", 32, 1, kBig);
@@ -292,6 +348,11 @@ Config parseConfig(const json& j, int worldSize) {
     d.finish();
     LT_CHECK(dc.type == "kv_recall" || !dc.path.empty(), "config key 'data.path' is required when data.type=\"",
              dc.type, "\" (a file of tokens)");
+    LT_CHECK(dc.packing == "none" || dc.type != "kv_recall", "config key 'data.packing' = \"", dc.packing,
+             "\" needs a token file (data.type uint16, uint32 or bytes): kv_recall samples are one document each");
+    if (dc.tokenizer.empty() && !c.model.initFrom.empty() &&
+        std::filesystem::is_regular_file(std::filesystem::path(c.model.initFrom) / "tokenizer.model"))
+      dc.tokenizer = (std::filesystem::path(c.model.initFrom) / "tokenizer.model").string();
   }
   {
     Section t = root.sub("train");
@@ -299,6 +360,9 @@ Config parseConfig(const json& j, int worldSize) {
     c.train.nproc = static_cast<int>(t.getInt("nproc", 1, 1, 1024));
     c.train.threads = static_cast<int>(t.getInt("threads", 0, 0, 4096));
     c.train.evalEvery = t.getInt("eval_every", 0, 0, kBig);
+    c.train.sampleEvery = t.getInt("sample_every", 0, 0, kBig);
+    c.train.sampleTokens = t.getInt("sample_tokens", 32, 1, 1 << 20);
+    c.train.samplePrompt = t.getString("sample_prompt", "");
     c.train.commTimeoutS = t.getNum("comm_timeout_s", 60, 0.1, 1e6);
     c.train.memoryBudget = t.getBytes("memory_budget", 0);
     {
@@ -316,7 +380,7 @@ Config parseConfig(const json& j, int worldSize) {
   }
   root.finish();
   resolveBatch(c, worldSize);
-  c.source = j.dump();
+  c.source = effectiveSource(j, c.model);
   return c;
 }
 

@@ -53,7 +53,16 @@ struct CompileConfig {
 struct DataConfig {
   std::string type = "kv_recall";  // "kv_recall" | "uint16" | "uint32" | "bytes"
   std::string path;
+  // A SentencePiece model for the token file (its vocabulary is checked against the model's,
+  // `generate` and train.sample_every decode with it, export copies it); "" : none, unless
+  // model.init_from holds a tokenizer.model.
+  std::string tokenizer;
+  // "none": windows cut from the token stream as it is; "documents": the stream's EOS tokens
+  // separate documents, and no token attends across a document boundary (positions restart).
+  std::string packing = "none";
+  int64_t eosId = -1;  // the separator for "documents": data.eos_id, else the tokenizer's EOS
   int64_t seqLen = 256, numSamples = 100000, evalSamples = 64;
+  double evalFraction = 0;  // token files: the last fraction of windows is held out for evaluation
   int64_t kvPairs = 16, kvQueries = 32, kvKeys = 32, kvValues = 16, kvNoise = 16;
   bool kvFused = false;
 };
@@ -70,6 +79,10 @@ struct TrainSection {
   int nproc = 1;    // local ranks `longtrain train` launches when no launcher started it
   int threads = 0;  // intra-op threads per rank; 0 = the cores this rank owns
   int64_t evalEvery = 0;  // 0 = only at the end
+  // Every sample_every steps rank 0 prints sample_tokens tokens generated after sample_prompt
+  // (text, with data.tokenizer), after EOS for packed documents, else BOS. 0: never.
+  int64_t sampleEvery = 0, sampleTokens = 32;
+  std::string samplePrompt;
   double commTimeoutS = 60;
   // Per-rank memory budget (bytes) for activation_checkpointing "auto"; 0: 90% of what the
   // rank may use (MemAvailable and the cgroup limit, shared among the local ranks).

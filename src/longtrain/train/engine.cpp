@@ -12,7 +12,9 @@
 #include <cstdlib>
 #include <thread>
 
+#include "longtrain/ckpt/hf_llama.h"
 #include "longtrain/core/check.h"
+#include "longtrain/data/tokenizer.h"
 #include "longtrain/core/memory.h"
 #include "longtrain/model/attention.h"
 #include "longtrain/plan/memory_model.h"
@@ -21,7 +23,26 @@
 
 namespace lt::train {
 
+// The document separator of data.packing "documents": data.eos_id, else the tokenizer's EOS.
+int64_t packingEos(const Config& cfg) {
+  if (cfg.data.eosId >= 0) return cfg.data.eosId;
+  LT_CHECK(!cfg.data.tokenizer.empty(), "data.packing=\"documents\" needs the EOS id that separates documents: ",
+           "set data.tokenizer (its EOS is taken) or data.eos_id");
+  const int64_t eos = data::Tokenizer(cfg.data.tokenizer).eosId();
+  LT_CHECK(eos >= 0, "data.tokenizer '", cfg.data.tokenizer, "' has no EOS token; set data.eos_id");
+  return eos;
+}
+
+void checkTokenizerFits(const Config& cfg) {
+  if (cfg.data.tokenizer.empty()) return;
+  const int64_t v = data::Tokenizer(cfg.data.tokenizer).vocabSize();
+  LT_CHECK(v <= cfg.model.vocabSize, "data.tokenizer '", cfg.data.tokenizer, "' has ", v,
+           " tokens, more than model.vocab_size=", cfg.model.vocabSize, "; raise model.vocab_size to at least ", v,
+           " or use the tokenizer the model was trained with");
+}
+
 std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval) {
+  checkTokenizerFits(cfg);
   const auto& d = cfg.data;
   if (d.type == "kv_recall") {
     data::KvRecallOptions o;
@@ -43,8 +64,18 @@ std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval) {
   int width = d.type == "bytes" ? 1 : d.type == "uint16" ? 2 : 4;
   LT_CHECK(width != 1 || cfg.model.vocabSize >= 256, "data.type=\"bytes\" needs model.vocab_size >= 256, got ",
            cfg.model.vocabSize);
-  // Evaluation on a token file reuses its first windows (no separate split is defined).
-  return std::make_shared<data::TokenFileDataset>(d.path, width, d.seqLen, cfg.model.vocabSize);
+  data::TokenWindows w;
+  w.packEos = d.packing == "documents" ? packingEos(cfg) : -1;
+  if (d.evalFraction > 0) {  // the last windows are held out for evaluation
+    const int64_t all = data::TokenFileDataset(d.path, width, d.seqLen, cfg.model.vocabSize).fileWindows();
+    const int64_t held = std::max<int64_t>(1, std::llround(d.evalFraction * static_cast<double>(all)));
+    LT_CHECK(held < all, "data.eval_fraction=", d.evalFraction, " leaves no training window of the ", all,
+             " in data.path='", d.path, "'");
+    w.firstWindow = eval ? all - held : 0;
+    w.numWindows = eval ? held : all - held;
+  }
+  // Without eval_fraction, evaluation reuses the file's first windows.
+  return std::make_shared<data::TokenFileDataset>(d.path, width, d.seqLen, cfg.model.vocabSize, w);
 }
 
 Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std::move(groups)) {
@@ -63,7 +94,9 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
   LT_CHECK(!cfg_.zero.offloadOptimizer.superOffload || cfg_.zero.offloadOptimizer.device == "cpu",
            "zero_optimization.offload_optimizer.super_offload=true needs offload_optimizer.device=\"cpu\"");
   if (cfg_.bf16) cfg_.model.bf16Compute = chooseBf16();
-  model_ = std::make_unique<model::Model>(cfg_.model, cfg_.seed);
+  cfg_.model.packedDocuments = cfg_.data.packing == "documents";
+  // With init_from the weights come from its safetensors (loadInitialWeights, below).
+  model_ = std::make_unique<model::Model>(cfg_.model, cfg_.seed, /*initialize=*/cfg_.model.initFrom.empty());
   for (int g = 0; g < model_->numGroups(); ++g) {  // before ZeRO-3 frees the full tensors
     int64_t b = 0;
     for (const auto& p : model_->group(g)) b += p.tensor.numel() * 4;
@@ -129,6 +162,8 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
     adam_ = std::make_unique<offload::CpuAdam>(ap, at::get_num_threads());
     for (const auto& p : params) adam_->addGroup(p.numel());
   }
+
+  if (!cfg_.model.initFrom.empty()) loadInitialWeights();
 
   // The step program: the base, rewritten by passes; a schedule swaps the pass list.
   graphBlocks_ = chooseGraphBlocks();
@@ -245,6 +280,16 @@ std::vector<at::Tensor> Engine::fullParameters() {
   std::vector<at::Tensor> out;
   for (auto& p : model_->parameters()) out.push_back(p.detach().clone());
   return out;
+}
+
+// Each rank copies its own state shards (all of every tensor without ZeRO-3, its slices with
+// it) from the mapped files: the rest of the model is never read into this rank's memory.
+void Engine::loadInitialWeights() {
+  ckpt::HfWeights w(cfg_.model.initFrom);
+  std::vector<ckpt::ExpectedTensor> expected;
+  for (const auto& m : parameterMeta()) expected.push_back({m.name, m.shape});
+  w.check(expected, cfg_.model.tieEmbeddings);
+  for (const auto& s : stateShards()) w.read(expected[s.param].name, s.offset, s.master);
 }
 
 // ---------------------------------------------------------------------------- checkpoint state

@@ -66,6 +66,7 @@ class Engine {
   const Config& config() const { return cfg_; }
   const comm::Groups& groups() const { return groups_; }
   const data::Dataset& dataset() const { return *train_; }
+  const data::Dataset* evalDataset() const { return eval_.get(); }  // null without eval samples
 
   // ---- Checkpoint state (ckpt/ writes and reads it; see ckpt/checkpoint.h).
   struct ParamMeta {
@@ -98,6 +99,7 @@ class Engine {
   void optimizerStep();
   double currentLr() const;
   int chooseGraphBlocks();
+  void loadInitialWeights();  // model.init_from's safetensors into this rank's state
   bool chooseBf16();  // bf16.enabled: whether the bf16 GEMM is faster on every rank
   double gemmPeakFlops_ = 0;  // this rank's rate of the GEMM dtype in use, when chooseBf16 measured it  // collective: every rank takes the smallest choice
 

@@ -18,6 +18,8 @@
 #include "longtrain/core/cpu.h"
 #include "longtrain/core/memory.h"
 #include "longtrain/core/trace.h"
+#include "longtrain/data/tokenizer.h"
+#include "longtrain/model/generate.h"
 #include "longtrain/plan/memory_model.h"
 #include "longtrain/train/engine.h"
 #include "longtrain/train/machine.h"
@@ -30,6 +32,52 @@ std::string humanTime(double s) {
   if (s < 3600) return fmt::format("{:.0f}m{:02.0f}s", std::floor(s / 60), std::fmod(s, 60));
   return fmt::format("{:.0f}h{:02.0f}m", std::floor(s / 3600), std::fmod(s / 60, 60));
 }
+// train.sample_every: a short generation from the current weights (gathered under ZeRO-3:
+// every rank takes part, rank 0 decodes on its own copy of the model).
+class Sampler {
+ public:
+  explicit Sampler(const Config& cfg) : cfg_(cfg) {
+    if (!cfg.data.tokenizer.empty()) tok_ = std::make_unique<data::Tokenizer>(cfg.data.tokenizer);
+    LT_CHECK(cfg.train.samplePrompt.empty() || tok_, "train.sample_prompt needs data.tokenizer to encode it");
+    if (tok_) prompt_ = tok_->encode(cfg.train.samplePrompt);
+    // Packed documents each follow an EOS (training never sees BOS there).
+    const bool afterEos = cfg.data.packing == "documents" || tok_ == nullptr || tok_->bosId() < 0;
+    const int64_t start = !tok_ ? -1 : afterEos ? tok_->eosId() : tok_->bosId();
+    if (start >= 0) prompt_.insert(prompt_.begin(), start);
+    if (prompt_.empty()) prompt_.push_back(0);
+  }
+  void maybeSample(Engine& engine, int64_t step, bool lead) {
+    if (cfg_.train.sampleEvery <= 0 || step % cfg_.train.sampleEvery != 0) return;
+    auto params = engine.fullParameters();  // collective under ZeRO-3
+    if (!lead) return;
+    if (!model_) model_ = std::make_unique<model::Model>(engine.config().model, 0, /*initialize=*/false);
+    auto mine = model_->parameters();
+    at::NoGradGuard ng;
+    for (size_t i = 0; i < mine.size(); ++i) mine[i].detach().copy_(params[i]);
+    model::SamplingOptions o;
+    o.temperature = 0.8;
+    o.topK = 40;
+    o.maxNewTokens = cfg_.train.sampleTokens;
+    o.stopToken = tok_ ? tok_->eosId() : -1;
+    const auto ids = model::generate(*model_, prompt_, o);
+    std::string text;
+    if (tok_) {  // decoded with the prompt: SentencePiece drops a leading space
+      std::vector<int64_t> all = prompt_;
+      all.insert(all.end(), ids.begin(), ids.end());
+      text = tok_->decode(all);
+    } else {
+      for (int64_t id : ids) text += std::to_string(id) + " ";
+    }
+    std::printf("sample @ step %lld: %s\n", (long long)step, text.c_str());
+  }
+
+ private:
+  const Config& cfg_;
+  std::unique_ptr<data::Tokenizer> tok_;
+  std::vector<int64_t> prompt_;
+  std::unique_ptr<model::Model> model_;
+};
+
 }  // namespace
 
 // Every rank's trace events to rank 0, which writes one file (a Perfetto process per rank).
@@ -120,6 +168,11 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
                 "(budget %.0f MiB/rank, predicted peak %.0f MiB)\n",
                 cfg.activationCheckpointing.c_str(), k, L, L - k, engine.memoryBudget() / 1048576.0,
                 plan::predictPeak(cfg, groups.world->size(), k).total() / 1048576.0);
+    if (cfg.data.evalFraction > 0 && engine.evalDataset())
+      std::printf("longtrain: eval on the held-out %.1f%% of windows; unigram baseline loss %.4f (the training "
+                  "windows' token frequencies)\n",
+                  100 * cfg.data.evalFraction,
+                  data::unigramBaselineLoss(engine.dataset(), *engine.evalDataset(), cfg.model.vocabSize));
     if (opts.printProgram) std::printf("step program:\n%s", engine.program().listing().c_str());
     std::fflush(stdout);
   }
@@ -142,6 +195,7 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
   double elapsed = 0, tokensSeen = 0;
   sum.firstStep = engine.globalStep();
   ckpt::AsyncSaver saver;  // train.checkpoint.async
+  Sampler sampler(cfg);
   for (int64_t s = engine.globalStep(); s < cfg.train.steps; ++s) {
     if (opts.faultKillRank == groups.world->rank() && opts.faultKillStep == s) ::raise(SIGKILL);
     StepMetrics m;
@@ -169,6 +223,7 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
     bool evalNow = (cfg.train.evalEvery > 0 && m.step % cfg.train.evalEvery == 0) || m.step == cfg.train.steps;
     EvalMetrics e;
     if (evalNow) e = engine.evaluate();
+    sampler.maybeSample(engine, m.step, lead);
     if (lead) {
       if (m.step % cfg.stepsPerPrint == 0 || m.step == 1 || m.step == cfg.train.steps) {
         double eta = (cfg.train.steps - m.step) * (elapsed > 0 ? elapsed / std::max<int64_t>(1, m.step - 1 - sum.firstStep) : m.stepTimeS);

@@ -1,0 +1,133 @@
+// config.json <-> ModelConfig. Hugging Face defaults (LlamaConfig's) apply to absent optional
+// fields: num_key_value_heads = num_attention_heads, rope_theta 10000, rms_norm_eps 1e-6,
+// tie_word_embeddings false.
+#include "longtrain/model/hf_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "longtrain/core/check.h"
+
+namespace lt::model {
+
+using json = nlohmann::json;
+
+namespace {
+
+json readJsonFile(const std::string& path) {
+  LT_CHECK(std::filesystem::is_regular_file(path), "model.init_from: '", path,
+           "' does not exist (a Hugging Face model directory holds config.json and model.safetensors)");
+  std::ifstream f(path);
+  json j = json::parse(f, nullptr, /*allow_exceptions=*/false);
+  LT_CHECK(!j.is_discarded() && j.is_object(), "'", path, "' is not a JSON object");
+  return j;
+}
+
+int64_t intField(const json& j, const std::string& file, const char* key, int64_t def, bool required) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    LT_CHECK(!required, "'", file, "' lacks the field '", key, "' (a Llama config.json has it)");
+    return def;
+  }
+  LT_CHECK(it->is_number_integer() && it->get<int64_t>() > 0, "'", file, "': '", key,
+           "' must be a positive integer, got ", it->dump());
+  return it->get<int64_t>();
+}
+
+double numField(const json& j, const std::string& file, const char* key, double def) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return def;
+  LT_CHECK(it->is_number() && it->get<double>() > 0, "'", file, "': '", key, "' must be a positive number, got ",
+           it->dump());
+  return it->get<double>();
+}
+
+// An optional token id: an integer, or a list whose first entry is taken (Llama 3 lists several EOS).
+int64_t tokenId(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return -1;
+  if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) return (*it)[0].get<int64_t>();
+  return it->is_number_integer() ? it->get<int64_t>() : -1;
+}
+
+void refuseUnimplemented(const json& j, const std::string& file, const ModelConfig& m) {
+  const std::string type = j.value("model_type", std::string("llama"));
+  LT_CHECK(type == "llama", "'", file, "': model_type \"", type, "\" is not supported; longtrain loads Llama ",
+           "models (model_type \"llama\")");
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+    LT_CHECK(it->is_object(), "'", file, "': rope_scaling must be an object or null, got ", it->dump());
+    std::string kind = it->value("rope_type", it->value("type", std::string("?")));
+    LT_CHECK(kind == "default", "'", file, "': rope_scaling type \"", kind, "\" is not implemented (only plain ",
+             "RoPE: rope_scaling null or \"default\"); the model would compute other positions than it was trained on");
+  }
+  const std::string act = j.value("hidden_act", std::string("silu"));
+  LT_CHECK(act == "silu", "'", file, "': hidden_act \"", act, "\" is not implemented (Llama's SwiGLU uses silu)");
+  for (const char* bias : {"attention_bias", "mlp_bias"})
+    LT_CHECK(!j.value(bias, false), "'", file, "': ", bias, " = true is not implemented (Llama has no biases)");
+  if (auto it = j.find("head_dim"); it != j.end() && !it->is_null())
+    LT_CHECK(it->is_number_integer() && it->get<int64_t>() == m.headDim(), "'", file, "': head_dim ", it->dump(),
+             " differs from hidden_size / num_attention_heads = ", m.headDim(), ", which longtrain requires");
+}
+
+}  // namespace
+
+HfLlamaConfig readHfLlamaConfig(const std::string& dir) {
+  const std::string file = (std::filesystem::path(dir) / "config.json").string();
+  LT_CHECK(std::filesystem::is_directory(dir), "model.init_from: '", dir, "' is not a directory (give the ",
+           "Hugging Face model directory that holds config.json and model.safetensors)");
+  const json j = readJsonFile(file);
+  HfLlamaConfig c;
+  ModelConfig& m = c.model;
+  m.vocabSize = intField(j, file, "vocab_size", 0, true);
+  m.hidden = intField(j, file, "hidden_size", 0, true);
+  m.layers = intField(j, file, "num_hidden_layers", 0, true);
+  m.heads = intField(j, file, "num_attention_heads", 0, true);
+  m.kvHeads = intField(j, file, "num_key_value_heads", m.heads, false);
+  m.intermediate = intField(j, file, "intermediate_size", 0, true);
+  m.ropeTheta = numField(j, file, "rope_theta", 10000.0);
+  m.normEps = numField(j, file, "rms_norm_eps", 1e-6);
+  if (auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_null()) {
+    LT_CHECK(it->is_boolean(), "'", file, "': tie_word_embeddings must be true or false, got ", it->dump());
+    m.tieEmbeddings = it->get<bool>();
+  }
+  LT_CHECK(m.hidden % m.heads == 0 && m.heads % m.kvHeads == 0, "'", file, "': hidden_size ", m.hidden,
+           ", num_attention_heads ", m.heads, " and num_key_value_heads ", m.kvHeads, " do not divide each other");
+  refuseUnimplemented(j, file, m);
+  c.maxPositions = intField(j, file, "max_position_embeddings", 0, false);
+  if (auto it = j.find("torch_dtype"); it != j.end() && it->is_string()) c.torchDtype = it->get<std::string>();
+  c.bosId = tokenId(j, "bos_token_id");
+  c.eosId = tokenId(j, "eos_token_id");
+  return c;
+}
+
+json hfLlamaConfigJson(const HfLlamaConfig& c) {
+  const ModelConfig& m = c.model;
+  json j{{"architectures", {"LlamaForCausalLM"}},
+         {"model_type", "llama"},
+         {"torch_dtype", c.torchDtype.empty() ? "float32" : c.torchDtype},
+         {"vocab_size", m.vocabSize},
+         {"hidden_size", m.hidden},
+         {"num_hidden_layers", m.layers},
+         {"num_attention_heads", m.heads},
+         {"num_key_value_heads", m.kvHeads},
+         {"head_dim", m.headDim()},
+         {"intermediate_size", m.intermediate},
+         {"hidden_act", "silu"},
+         {"rope_theta", m.ropeTheta},
+         {"rope_scaling", nullptr},
+         {"rms_norm_eps", m.normEps},
+         {"tie_word_embeddings", m.tieEmbeddings},
+         {"max_position_embeddings", c.maxPositions},
+         {"attention_bias", false},
+         {"attention_dropout", 0.0},
+         {"mlp_bias", false},
+         {"initializer_range", m.initStd},
+         {"use_cache", true}};
+  if (c.bosId >= 0) j["bos_token_id"] = c.bosId;
+  if (c.eosId >= 0) j["eos_token_id"] = c.eosId;
+  return j;
+}
+
+}  // namespace lt::model

@@ -1,0 +1,41 @@
+// Hugging Face Llama's config.json, read into a ModelConfig and written from one. Non-obvious:
+// reading refuses every field whose meaning longtrain does not implement (rope_scaling types,
+// biases, an activation other than silu, a head_dim other than hidden / heads) by name, rather
+// than loading weights into a model that would compute something else.
+#pragma once
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "longtrain/model/model.h"
+
+namespace lt::model {
+
+struct HfLlamaConfig {
+  ModelConfig model;          // the architecture fields; the rest stays at ModelConfig's defaults
+  int64_t maxPositions = 0;   // max_position_embeddings (0: absent)
+  std::string torchDtype;     // torch_dtype as written ("float32", "bfloat16", ...; "" if absent)
+  int64_t bosId = -1, eosId = -1;
+};
+
+// Reads DIR/config.json. Errors name the file and the field.
+HfLlamaConfig readHfLlamaConfig(const std::string& dir);
+
+// The config.json of a LlamaForCausalLM with this shape (torchDtype "float32" or "bfloat16").
+nlohmann::json hfLlamaConfigJson(const HfLlamaConfig& c);
+
+// longtrain's model keys and the Hugging Face fields they mirror, in config order.
+struct HfKey {
+  const char* ours;
+  const char* theirs;
+};
+inline constexpr HfKey kHfModelKeys[] = {
+    {"vocab_size", "vocab_size"},        {"hidden_size", "hidden_size"},
+    {"num_layers", "num_hidden_layers"}, {"num_heads", "num_attention_heads"},
+    {"num_kv_heads", "num_key_value_heads"}, {"intermediate_size", "intermediate_size"},
+    {"rope_theta", "rope_theta"},        {"rms_norm_eps", "rms_norm_eps"},
+    {"tie_word_embeddings", "tie_word_embeddings"},
+};
+
+}  // namespace lt::model

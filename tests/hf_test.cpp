@@ -1,0 +1,219 @@
+// Hugging Face Llama directories in and out. The oracle: committed fixtures (tests/fixtures/
+// hf_llama, made by make_hf_llama.py with an independent PyTorch implementation of
+// LlamaForCausalLM's forward) whose logits and loss longtrain must reproduce.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "longtrain/ckpt/checkpoint.h"
+#include "longtrain/ckpt/hf_llama.h"
+#include "longtrain/ckpt/safetensors.h"
+#include "longtrain/model/generate.h"
+#include "longtrain/model/hf_config.h"
+#include "testing.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using lt::testing::errorOf;
+
+fs::path fixture(const std::string& name) { return fs::path(LONGTRAIN_SOURCE_DIR) / "tests/fixtures/hf_llama" / name; }
+
+// A one-step training config over an init_from directory (a kv_recall task small enough for
+// every fixture's vocabulary).
+json initFromConfig(const fs::path& dir) {
+  json j = json::parse(R"({
+    "train_micro_batch_size_per_gpu": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+    "data": {"seq_len": 12, "num_samples": 64, "eval_samples": 0,
+             "kv": {"num_pairs": 2, "num_queries": 2, "num_keys": 4, "num_values": 4, "num_noise": 4}},
+    "train": {"steps": 2}
+  })");
+  j["model"] = {{"init_from", dir.string()}};
+  return j;
+}
+
+struct Reference {
+  at::Tensor ids, labels, pos, logits;
+  double loss;
+};
+Reference readReference(const fs::path& dir) {
+  lt::ckpt::SafetensorsFile f((dir / "reference.safetensors").string());
+  return {f.view("input_ids").clone(), f.view("labels").clone(), f.view("position_ids").clone(),
+          f.view("logits").clone(), f.view("loss").to(at::kDouble).sum().item<double>()};
+}
+
+class HfOracle : public ::testing::TestWithParam<std::string> {};
+
+// Through the engine (init_from, every attention core and both kernel paths): logits and the
+// mean loss within 1e-5 of the independent implementation.
+TEST_P(HfOracle, LogitsAndLossMatchTheIndependentForward) {
+  at::set_num_threads(1);
+  const fs::path dir = fixture(GetParam());
+  const Reference ref = readReference(dir);
+  for (const auto& [attention, fused] : {std::pair{"fused", true}, {"chunked", true}, {"naive", false}}) {
+    json j = initFromConfig(dir);
+    j["model"]["attention"] = attention;
+    j["model"]["fused_kernels"] = fused;
+    lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
+      lt::train::Engine e(lt::train::parseConfig(j, 1), g);
+      at::NoGradGuard ng;
+      auto logits = e.model().forward(ref.ids, ref.pos, lt::model::attentionCore(e.config().model));
+      const double maxDiff = (logits.to(at::kDouble) - ref.logits.to(at::kDouble)).abs().max().item<double>();
+      auto ls = lt::model::lossSum(logits, lt::data::shiftLabels(ref.labels));
+      const double loss = ls.sum.item<double>() / static_cast<double>(ls.count);
+      std::printf("[oracle] %s %s fused_kernels=%d: max |logit diff| %.3g (max |logit| %.3g), loss %.8f vs %.8f\n",
+                  GetParam().c_str(), attention, fused, maxDiff, ref.logits.abs().max().item<double>(), loss, ref.loss);
+      EXPECT_LE(maxDiff, lt::testing::Tol::kHfOracle) << attention;
+      EXPECT_LE(std::abs(loss - ref.loss), lt::testing::Tol::kHfOracle) << attention;
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, HfOracle, ::testing::Values("gqa_untied", "mha_tied", "gqa_sharded_bf16"));
+
+TEST(HfLoad, ZeroThreeRanksReadOnlyTheirSlicesAndGatherTheFile) {
+  const fs::path dir = fixture("gqa_untied");
+  json j = initFromConfig(dir);
+  j["zero_optimization"] = {{"stage", 3}};
+  lt::ckpt::HfWeights w(dir.string());
+  lt::testing::runRanks(2, 1, [&](int, lt::comm::Groups& g) {
+    lt::train::Engine e(lt::train::parseConfig(j, 2), g);
+    auto params = e.fullParameters();
+    auto meta = e.parameterMeta();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto expect = at::empty({params[i].numel()}, at::kFloat);
+      w.read(meta[i].name, 0, expect);
+      EXPECT_TRUE(at::equal(params[i].reshape({-1}), expect)) << meta[i].name;
+    }
+  });
+}
+
+TEST(HfLoad, AKeyGivenInBothThatDisagreesNamesBothValues) {
+  json j = initFromConfig(fixture("gqa_untied"));
+  j["model"]["hidden_size"] = 16;
+  const std::string e = errorOf([&] { lt::train::parseConfig(j, 1); });
+  EXPECT_NE(e.find("model.hidden_size' = 16"), std::string::npos) << e;
+  EXPECT_NE(e.find("hidden_size = 32"), std::string::npos) << e;
+  j["model"]["hidden_size"] = 32;  // agreeing is fine
+  EXPECT_EQ(errorOf([&] { lt::train::parseConfig(j, 1); }), "");
+  EXPECT_EQ(lt::train::parseConfig(j, 1).model.kvHeads, 2);  // the rest from config.json
+}
+
+fs::path copyFixture(const std::string& name, const std::string& to) {
+  auto d = lt::testing::freshTempDir(to);
+  for (const auto& f : fs::directory_iterator(fixture(name))) fs::copy_file(f.path(), d / f.path().filename());
+  return d;
+}
+
+TEST(HfLoad, UnimplementedRopeScalingIsRefusedByName) {
+  auto d = copyFixture("gqa_untied", "longtrain_hf_rope");
+  json c = json::parse(std::ifstream(d / "config.json"));
+  c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+  std::ofstream(d / "config.json") << c.dump();
+  const std::string e = errorOf([&] { lt::model::readHfLlamaConfig(d.string()); });
+  EXPECT_NE(e.find("rope_scaling type \"llama3\" is not implemented"), std::string::npos) << e;
+}
+
+TEST(HfLoad, MissingUnexpectedAndMisShapedTensorsAreListedByName) {
+  auto d = copyFixture("gqa_untied", "longtrain_hf_bad");
+  std::vector<lt::ckpt::NamedTensor> ts;
+  {
+    lt::ckpt::SafetensorsFile f((d / "model.safetensors").string());
+    for (const auto& e : f.header().tensors) {
+      if (e.name == "model.norm.weight") continue;
+      auto t = f.view(e.name).clone();
+      if (e.name == "model.layers.0.self_attn.q_proj.weight") t = t.narrow(0, 0, 8).contiguous();
+      ts.push_back({e.name, t});
+    }
+  }
+  ts.push_back({"model.layers.0.self_attn.q_norm.weight", at::ones({8})});
+  lt::ckpt::writeSafetensors((d / "model.safetensors").string(), ts, {{"format", "pt"}});
+  const std::string e = errorOf([&] {
+    lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
+      lt::train::Engine eng(lt::train::parseConfig(initFromConfig(d), 1), g);
+    });
+  });
+  EXPECT_NE(e.find("missing: model.norm.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("unexpected: model.layers.0.self_attn.q_norm.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.layers.0.self_attn.q_proj.weight (F32 [8, 32], expected F32/BF16/F16 [32, 32])"),
+            std::string::npos)
+      << e;
+}
+
+// Train from a fixture, checkpoint, export: init_from of the export reproduces the checkpoint's
+// model exactly (fp32), or rounded to bf16 with --dtype bf16.
+TEST(HfExport, InitFromTheExportReproducesTheModel) {
+  auto root = lt::testing::freshTempDir("longtrain_hf_export");
+  json j = initFromConfig(fixture("gqa_untied"));
+  j["train"]["checkpoint"] = {{"dir", (root / "ckpt").string()}};
+  lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
+    lt::train::Engine e(lt::train::parseConfig(j, 1), g);
+    e.step();
+    e.step();
+    lt::ckpt::save(e, (root / "ckpt").string(), 0);
+  });
+  lt::ckpt::Checkpoint c(lt::ckpt::resolve((root / "ckpt").string()));
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    const fs::path out = root / ("hf_" + dtype);
+    lt::ckpt::HfExportOptions o;
+    o.dtype = dtype;
+    lt::ckpt::exportHfDirectory(c, out.string(), o);
+    json cj = json::parse(std::ifstream(out / "config.json"));
+    EXPECT_EQ(cj["architectures"], json::array({"LlamaForCausalLM"}));
+    EXPECT_EQ(cj["model_type"], "llama");
+    EXPECT_EQ(cj["torch_dtype"], dtype == "bf16" ? "bfloat16" : "float32");
+    EXPECT_EQ(cj["num_key_value_heads"], 2);
+    EXPECT_EQ(cj["tie_word_embeddings"], false);
+    lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
+      json again = initFromConfig(out);
+      lt::train::Engine e(lt::train::parseConfig(again, 1), g);
+      auto params = e.fullParameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        auto want = c.full(static_cast<int>(i));
+        if (dtype == "bf16") want = want.to(at::kBFloat16).to(at::kFloat);
+        EXPECT_TRUE(at::equal(params[i], want)) << dtype << " " << c.manifest().params[i].name;
+      }
+    });
+  }
+}
+
+// Greedy decoding with the KV cache picks, at every step, the argmax of the training forward
+// over the prompt and the tokens generated so far.
+TEST(Generate, GreedyEqualsTheArgmaxOfTheTrainingForward) {
+  at::set_num_threads(1);
+  auto m = lt::ckpt::loadInferenceModel(fixture("gqa_untied").string());
+  const std::vector<int64_t> prompt = {1, 7, 3, 22, 9};
+  lt::model::SamplingOptions o;
+  o.maxNewTokens = 12;
+  const auto out = lt::model::generate(*m.model, prompt, o);
+  ASSERT_EQ(out.size(), 12u);
+  std::vector<int64_t> all = prompt;
+  all.insert(all.end(), out.begin(), out.end());
+  auto ids = at::tensor(all, at::kLong).unsqueeze(0);
+  auto pos = at::arange(ids.size(1), at::kLong).unsqueeze(0);
+  at::NoGradGuard ng;
+  auto argmax = m.model->forward(ids, pos, lt::model::attentionCore(m.model->config())).argmax(-1)[0];
+  for (size_t i = 0; i < out.size(); ++i)
+    EXPECT_EQ(argmax[prompt.size() - 1 + i].item<int64_t>(), out[i]) << "generated token " << i;
+  // Sampling is seeded: the same seed, the same tokens; another seed, (almost surely) others.
+  o.temperature = 1.0;
+  o.topK = 10;
+  EXPECT_EQ(lt::model::generate(*m.model, prompt, o), lt::model::generate(*m.model, prompt, o));
+}
+
+TEST(Generate, CommandLinePrintsTokenIdsFromAHuggingFaceDirectory) {
+  auto r = lt::testing::runCommand(std::string(LONGTRAIN_BIN) + " generate " + fixture("mha_tied").string() +
+                                   " --prompt-ids 1,5,7 --max-new-tokens 6");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("6 tokens in"), std::string::npos) << r.out;
+  auto bad = lt::testing::runCommand(std::string(LONGTRAIN_BIN) + " generate " + fixture("mha_tied").string() +
+                                     " --prompt hello");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("--prompt needs a tokenizer"), std::string::npos) << bad.out;
+}
+
+}  // namespace
