@@ -73,7 +73,8 @@ TEST_P(HfOracle, LogitsAndLossMatchTheIndependentForward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, HfOracle, ::testing::Values("gqa_untied", "mha_tied", "gqa_sharded_bf16"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, HfOracle, ::testing::Values("gqa_untied", "mha_tied", "gqa_sharded_bf16",
+                                                                    "gqa_llama3_rope"));
 
 TEST(HfLoad, ZeroThreeRanksReadOnlyTheirSlicesAndGatherTheFile) {
   const fs::path dir = fixture("gqa_untied");
@@ -90,6 +91,17 @@ TEST(HfLoad, ZeroThreeRanksReadOnlyTheirSlicesAndGatherTheFile) {
       EXPECT_TRUE(at::equal(params[i].reshape({-1}), expect)) << meta[i].name;
     }
   });
+}
+
+// llama3 scaling is read, recorded in the checkpoint's config and written back on export.
+TEST(HfLoad, RopeScalingTravelsThroughTheConfigAndExport) {
+  json j = initFromConfig(fixture("gqa_llama3_rope"));
+  const auto cfg = lt::train::parseConfig(j, 1);
+  EXPECT_EQ(cfg.model.ropeScaling.type, "llama3");
+  EXPECT_EQ(cfg.model.ropeScaling.originalMaxPositions, 64);
+  EXPECT_EQ(json::parse(cfg.source)["model"]["rope_scaling"]["rope_type"], "llama3");
+  j["model"]["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  EXPECT_NE(errorOf([&] { lt::train::parseConfig(j, 1); }).find("'model.rope_scaling'"), std::string::npos);
 }
 
 TEST(HfLoad, AKeyGivenInBothThatDisagreesNamesBothValues) {
@@ -112,10 +124,10 @@ fs::path copyFixture(const std::string& name, const std::string& to) {
 TEST(HfLoad, UnimplementedRopeScalingIsRefusedByName) {
   auto d = copyFixture("gqa_untied", "longtrain_hf_rope");
   json c = json::parse(std::ifstream(d / "config.json"));
-  c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+  c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 8.0}};
   std::ofstream(d / "config.json") << c.dump();
   const std::string e = errorOf([&] { lt::model::readHfLlamaConfig(d.string()); });
-  EXPECT_NE(e.find("rope_scaling type \"llama3\" is not implemented"), std::string::npos) << e;
+  EXPECT_NE(e.find("rope_scaling type \"yarn\" is not implemented"), std::string::npos) << e;
 }
 
 TEST(HfLoad, MissingUnexpectedAndMisShapedTensorsAreListedByName) {

@@ -143,9 +143,8 @@ struct RopeFn : torch::autograd::Function<RopeFn> {
 
 }  // namespace
 
-RopeTable ropeTable(const at::Tensor& pos, int64_t headDim, double theta) {
-  const int64_t half = headDim / 2;
-  auto inv = at::pow(theta, at::arange(0, half, at::kFloat) * (-2.0 / static_cast<double>(headDim)));
+RopeTable ropeTable(const at::Tensor& pos, int64_t headDim, double theta, const RopeScaling& scaling) {
+  auto inv = ropeInverseFrequencies(headDim, theta, scaling, at::kFloat);
   auto ang = pos.to(at::kFloat).unsqueeze(-1) * inv;  // [B, S, Dh/2]
   return {at::cos(ang).contiguous(), at::sin(ang).contiguous()};
 }

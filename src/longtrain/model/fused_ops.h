@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "longtrain/model/kernel_isa.h"
+#include "longtrain/model/model.h"
 
 namespace lt::model {
 
@@ -21,7 +22,7 @@ at::Tensor fusedSwiglu(const at::Tensor& gu, KernelIsa isa = kernelBestIsa());
 struct RopeTable {
   at::Tensor cos, sin;
 };
-RopeTable ropeTable(const at::Tensor& pos, int64_t headDim, double theta);
+RopeTable ropeTable(const at::Tensor& pos, int64_t headDim, double theta, const RopeScaling& scaling = {});
 
 // x [B, S, H, Dh] (heads and dims contiguous, tokens at any stride: a column slice of the one
 // q/k/v GEMM's output) -> the rotated [B, S, H, Dh], contiguous; differentiable in x.

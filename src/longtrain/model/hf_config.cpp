@@ -56,12 +56,6 @@ void refuseUnimplemented(const json& j, const std::string& file, const ModelConf
   const std::string type = j.value("model_type", std::string("llama"));
   LT_CHECK(type == "llama", "'", file, "': model_type \"", type, "\" is not supported; longtrain loads Llama ",
            "models (model_type \"llama\")");
-  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
-    LT_CHECK(it->is_object(), "'", file, "': rope_scaling must be an object or null, got ", it->dump());
-    std::string kind = it->value("rope_type", it->value("type", std::string("?")));
-    LT_CHECK(kind == "default", "'", file, "': rope_scaling type \"", kind, "\" is not implemented (only plain ",
-             "RoPE: rope_scaling null or \"default\"); the model would compute other positions than it was trained on");
-  }
   const std::string act = j.value("hidden_act", std::string("silu"));
   LT_CHECK(act == "silu", "'", file, "': hidden_act \"", act, "\" is not implemented (Llama's SwiGLU uses silu)");
   for (const char* bias : {"attention_bias", "mlp_bias"})
@@ -71,7 +65,48 @@ void refuseUnimplemented(const json& j, const std::string& file, const ModelConf
              " differs from hidden_size / num_attention_heads = ", m.headDim(), ", which longtrain requires");
 }
 
+double scalingNumber(const json& j, const std::string& what, const char* key, double def) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return def;
+  LT_CHECK(it->is_number() && it->get<double>() > 0, what, ": rope_scaling.", key, " must be a positive number, got ",
+           it->dump());
+  return it->get<double>();
+}
+
 }  // namespace
+
+RopeScaling ropeScalingFromJson(const json& j, const std::string& what) {
+  RopeScaling s;
+  if (j.is_null()) return s;
+  LT_CHECK(j.is_object(), what, ": rope_scaling must be an object or null, got ", j.dump());
+  const std::string kind = j.value("rope_type", j.value("type", std::string("?")));
+  if (kind == "default") return s;
+  LT_CHECK(kind == "linear" || kind == "llama3", what, ": rope_scaling type \"", kind, "\" is not implemented ",
+           "(longtrain has \"default\", \"linear\" and \"llama3\"); the model would compute other positions ",
+           "than it was trained on");
+  s.type = kind;
+  s.factor = scalingNumber(j, what, "factor", 0);
+  LT_CHECK(s.factor > 0, what, ": rope_scaling type \"", kind, "\" needs \"factor\"");
+  if (kind == "llama3") {
+    s.lowFreqFactor = scalingNumber(j, what, "low_freq_factor", 1);
+    s.highFreqFactor = scalingNumber(j, what, "high_freq_factor", 4);
+    s.originalMaxPositions = static_cast<int64_t>(scalingNumber(j, what, "original_max_position_embeddings", 0));
+    LT_CHECK(s.originalMaxPositions > 0 && s.highFreqFactor > s.lowFreqFactor, what,
+             ": rope_scaling \"llama3\" needs original_max_position_embeddings and high_freq_factor > low_freq_factor");
+  }
+  return s;
+}
+
+json ropeScalingJson(const RopeScaling& s) {
+  if (s.type == "none") return nullptr;
+  json j{{"rope_type", s.type}, {"factor", s.factor}};
+  if (s.type == "llama3") {
+    j["low_freq_factor"] = s.lowFreqFactor;
+    j["high_freq_factor"] = s.highFreqFactor;
+    j["original_max_position_embeddings"] = s.originalMaxPositions;
+  }
+  return j;
+}
 
 HfLlamaConfig readHfLlamaConfig(const std::string& dir) {
   const std::string file = (std::filesystem::path(dir) / "config.json").string();
@@ -95,6 +130,7 @@ HfLlamaConfig readHfLlamaConfig(const std::string& dir) {
   LT_CHECK(m.hidden % m.heads == 0 && m.heads % m.kvHeads == 0, "'", file, "': hidden_size ", m.hidden,
            ", num_attention_heads ", m.heads, " and num_key_value_heads ", m.kvHeads, " do not divide each other");
   refuseUnimplemented(j, file, m);
+  if (auto it = j.find("rope_scaling"); it != j.end()) m.ropeScaling = ropeScalingFromJson(*it, "'" + file + "'");
   c.maxPositions = intField(j, file, "max_position_embeddings", 0, false);
   if (auto it = j.find("torch_dtype"); it != j.end() && it->is_string()) c.torchDtype = it->get<std::string>();
   c.bosId = tokenId(j, "bos_token_id");
@@ -116,7 +152,7 @@ json hfLlamaConfigJson(const HfLlamaConfig& c) {
          {"intermediate_size", m.intermediate},
          {"hidden_act", "silu"},
          {"rope_theta", m.ropeTheta},
-         {"rope_scaling", nullptr},
+         {"rope_scaling", ropeScalingJson(m.ropeScaling)},
          {"rms_norm_eps", m.normEps},
          {"tie_word_embeddings", m.tieEmbeddings},
          {"max_position_embeddings", c.maxPositions},

@@ -1,7 +1,7 @@
 // Hugging Face Llama's config.json, read into a ModelConfig and written from one. Non-obvious:
-// reading refuses every field whose meaning longtrain does not implement (rope_scaling types,
-// biases, an activation other than silu, a head_dim other than hidden / heads) by name, rather
-// than loading weights into a model that would compute something else.
+// reading refuses every field whose meaning longtrain does not implement (rope_scaling other
+// than linear and llama3, biases, an activation other than silu, a head_dim other than
+// hidden / heads) by name, rather than loading weights into a model that computes otherwise.
 #pragma once
 #include <nlohmann/json_fwd.hpp>
 
@@ -21,6 +21,12 @@ struct HfLlamaConfig {
 
 // Reads DIR/config.json. Errors name the file and the field.
 HfLlamaConfig readHfLlamaConfig(const std::string& dir);
+
+// rope_scaling as Hugging Face writes it (null, or {"rope_type" | "type": ..., "factor": ...,
+// llama3's "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}).
+// Types other than default / linear / llama3 are refused by name; `what` names the source.
+RopeScaling ropeScalingFromJson(const nlohmann::json& j, const std::string& what);
+nlohmann::json ropeScalingJson(const RopeScaling& s);  // null for "none"
 
 // The config.json of a LlamaForCausalLM with this shape (torchDtype "float32" or "bfloat16").
 nlohmann::json hfLlamaConfigJson(const HfLlamaConfig& c);

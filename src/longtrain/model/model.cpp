@@ -25,9 +25,26 @@ at::Tensor rmsNorm(const at::Tensor& x, const at::Tensor& w, double eps) {
   return x * at::rsqrt(var + eps) * w;
 }
 
-at::Tensor rope(const at::Tensor& x, const at::Tensor& pos, double theta) {
+at::Tensor ropeInverseFrequencies(int64_t headDim, double theta, const RopeScaling& sc, at::ScalarType dtype) {
+  const int64_t half = headDim / 2;
+  auto inv = at::pow(theta, at::arange(0, half, at::TensorOptions().dtype(dtype)) * (-2.0 / static_cast<double>(headDim)));
+  if (sc.type == "none") return inv;
+  if (sc.type == "linear") return inv / sc.factor;
+  LT_CHECK(sc.type == "llama3", "rope_scaling type \"", sc.type, "\" is not implemented");
+  // Wavelengths beyond old / low_freq_factor are slowed by `factor`, those below old /
+  // high_freq_factor kept, and the band between blends the two by its position in the band.
+  auto f = inv.to(at::kDouble);
+  const double old = static_cast<double>(sc.originalMaxPositions);
+  auto wavelen = 2 * M_PI / f;
+  auto smooth = (old / wavelen - sc.lowFreqFactor) / (sc.highFreqFactor - sc.lowFreqFactor);
+  auto blended = (1 - smooth) * f / sc.factor + smooth * f;
+  auto out = at::where(wavelen > old / sc.lowFreqFactor, f / sc.factor, at::where(wavelen < old / sc.highFreqFactor, f, blended));
+  return out.to(dtype);
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& pos, double theta, const RopeScaling& scaling) {
   int64_t d = x.size(-1), half = d / 2;
-  auto inv = at::pow(theta, at::arange(0, half, x.options()) * (-2.0 / static_cast<double>(d)));  // [D/2]
+  auto inv = ropeInverseFrequencies(d, theta, scaling, x.scalar_type());  // [D/2]
   auto ang = pos.to(x.scalar_type()).unsqueeze(-1) * inv;  // [B, S, D/2]
   auto cos = at::cos(ang).unsqueeze(2), sin = at::sin(ang).unsqueeze(2);  // [B, S, 1, D/2]
   auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
@@ -180,8 +197,8 @@ at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const
     q = fusedRope(q, {cos, sin});    // [B, S, H, Dh]
     kk = fusedRope(kk, {cos, sin});  // [B, S, KV, Dh]
   } else {
-    q = rope(q, pos, cfg_.ropeTheta);
-    kk = rope(kk, pos, cfg_.ropeTheta);
+    q = rope(q, pos, cfg_.ropeTheta, cfg_.ropeScaling);
+    kk = rope(kk, pos, cfg_.ropeTheta, cfg_.ropeScaling);
   }
   auto a = attn(q, kk, v, cfg_.packedDocuments ? pos : at::Tensor()).reshape({B, S, H * Dh});
   auto x1 = x + linear(a, k.wo, bf16);
@@ -194,7 +211,7 @@ at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const
 std::pair<at::Tensor, at::Tensor> Model::ropeTableFor(const at::Tensor& pos) const {
   if (!rope_.pos.defined() || !rope_.pos.sizes().equals(pos.sizes()) || !at::equal(rope_.pos, pos)) {
     at::NoGradGuard ng;
-    auto t = ropeTable(pos, cfg_.headDim(), cfg_.ropeTheta);
+    auto t = ropeTable(pos, cfg_.headDim(), cfg_.ropeTheta, cfg_.ropeScaling);
     rope_ = {pos.clone(), t.cos, t.sin};
   }
   return {rope_.cos, rope_.sin};
@@ -231,8 +248,9 @@ at::Tensor Model::decodeBlock(int b, const at::Tensor& x, const at::Tensor& pos,
   const int64_t B = x.size(0), T = x.size(1), H = cfg_.heads, KV = cfg_.kvHeads, Dh = cfg_.headDim();
   const int64_t past = cache.length, total = past + T;
   auto h = norm(x, k.attnNorm);
-  auto q = rope(linear(h, k.wq, cfg_.bf16Compute).view({B, T, H, Dh}), pos, cfg_.ropeTheta);
-  cache.k[b].narrow(1, past, T).copy_(rope(linear(h, k.wk, cfg_.bf16Compute).view({B, T, KV, Dh}), pos, cfg_.ropeTheta));
+  auto q = rope(linear(h, k.wq, cfg_.bf16Compute).view({B, T, H, Dh}), pos, cfg_.ropeTheta, cfg_.ropeScaling);
+  cache.k[b].narrow(1, past, T).copy_(
+      rope(linear(h, k.wk, cfg_.bf16Compute).view({B, T, KV, Dh}), pos, cfg_.ropeTheta, cfg_.ropeScaling));
   cache.v[b].narrow(1, past, T).copy_(linear(h, k.wv, cfg_.bf16Compute).view({B, T, KV, Dh}));
   auto keys = cache.k[b].narrow(1, 0, total), values = cache.v[b].narrow(1, 0, total);
   if (KV != H) {

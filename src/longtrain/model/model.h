@@ -16,9 +16,22 @@
 
 namespace lt::model {
 
+// Hugging Face's rope_scaling: "none" (plain RoPE), "linear" (every frequency / factor) or
+// "llama3" (Llama 3.1's: low frequencies / factor, high ones kept, a smooth ramp between).
+struct RopeScaling {
+  std::string type = "none";
+  double factor = 1, lowFreqFactor = 1, highFreqFactor = 4;
+  int64_t originalMaxPositions = 0;
+};
+
+// RoPE's inverse frequencies theta^(-2i/headDim), i < headDim/2, with the scaling applied, in
+// `dtype`. Without scaling exactly the ops model::rope always ran.
+at::Tensor ropeInverseFrequencies(int64_t headDim, double theta, const RopeScaling& scaling, at::ScalarType dtype);
+
 struct ModelConfig {
   int64_t vocabSize = 256, hidden = 128, layers = 2, heads = 4, kvHeads = 4, intermediate = 344;
   double ropeTheta = 10000.0, normEps = 1e-5, initStd = 0.02;
+  RopeScaling ropeScaling;
   bool tieEmbeddings = false;
   // model.init_from: a Hugging Face Llama directory whose config.json gave the fields above
   // and whose safetensors give the initial weights ("" : random init from the seed).
@@ -64,7 +77,7 @@ at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
 
 at::Tensor rmsNorm(const at::Tensor& x, const at::Tensor& w, double eps);
 // x [B, S, H, Dh], pos [B, S]: rotary embedding with the half-split layout (Hugging Face Llama).
-at::Tensor rope(const at::Tensor& x, const at::Tensor& pos, double theta);
+at::Tensor rope(const at::Tensor& x, const at::Tensor& pos, double theta, const RopeScaling& scaling = {});
 
 struct NamedParam {
   std::string name;

@@ -191,6 +191,12 @@ model::ModelConfig parseModel(Section m) {
   mc.tieEmbeddings = k.agree("tie_word_embeddings", m.getBool("tie_word_embeddings", theirs.tieEmbeddings),
                              theirs.tieEmbeddings);
   if (hf) mc.maxPositions = hf->maxPositions;
+  const json* scaling = m.find("rope_scaling");
+  mc.ropeScaling = scaling ? model::ropeScalingFromJson(*scaling, "config key 'model.rope_scaling'") : theirs.ropeScaling;
+  LT_CHECK(!hf || !scaling || model::ropeScalingJson(mc.ropeScaling) == model::ropeScalingJson(theirs.ropeScaling),
+           "config key 'model.rope_scaling' = ", model::ropeScalingJson(mc.ropeScaling).dump(),
+           " disagrees with rope_scaling = ", model::ropeScalingJson(theirs.ropeScaling).dump(), " in '", k.hfFile,
+           "' (model.init_from); remove the key or make them agree");
   mc.initStd = m.getNum("init_std", 0.02, 0, 10);
   mc.attention = m.getEnum("attention", "fused", {"fused", "chunked", "naive"});
   mc.attentionChunk = m.getInt("attention_chunk", 0, 0, kBig);
@@ -221,6 +227,7 @@ std::string effectiveSource(json j, const model::ModelConfig& mc) {
   m["rope_theta"] = mc.ropeTheta;
   m["rms_norm_eps"] = mc.normEps;
   m["tie_word_embeddings"] = mc.tieEmbeddings;
+  if (mc.ropeScaling.type != "none") m["rope_scaling"] = model::ropeScalingJson(mc.ropeScaling);
   return j.dump();
 }
 
