@@ -2,6 +2,7 @@
 // lost peer turning into an error that names it, within the timeout.
 #include <chrono>
 
+#include "longtrain/comm/binding.h"
 #include "longtrain/core/check.h"
 #include "testing.h"
 
@@ -108,3 +109,34 @@ TEST(Fault, LostPeerIsAnErrorNamingIt) {
 }
 
 }  // namespace
+
+// Gloo's binding (torchrun's rules): GLOO_SOCKET_IFNAME wins, else the route to MASTER_ADDR.
+TEST(GlooBinding, InterfaceListRouteAndLoopback) {
+  auto b = lt::comm::glooBindingFor("10.77.0.1", "lo,eth7");
+  EXPECT_EQ(b.interfaces, (std::vector<std::string>{"lo", "eth7"}));
+  EXPECT_EQ(lt::comm::glooBindingFor("", "").hostname, "127.0.0.1");
+  EXPECT_EQ(lt::comm::glooBindingFor("localhost", "").hostname, "127.0.0.1");
+  // 127.0.0.2 is routed over lo from 127.0.0.1: the route's source, not the target itself.
+  EXPECT_EQ(lt::comm::localAddressToward("127.0.0.2"), "127.0.0.1");
+  EXPECT_NE(lt::testing::errorOf([] { lt::comm::glooBindingFor("no-such-host.invalid", ""); }).find(
+                "MASTER_ADDR 'no-such-host.invalid' does not resolve"),
+            std::string::npos);
+  EXPECT_NE(lt::testing::errorOf([] { lt::comm::glooBindingFor("x", ",,"); }).find("names no interface"),
+            std::string::npos);
+  // A group bound by interface name works like one bound by address.
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::thread> ts;
+  std::vector<double> sums(2);
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      lt::comm::Options o;
+      o.interfaces = {"lo"};
+      lt::comm::Comm c(store, r, 2, o, "bind");
+      auto t = at::full({4}, double(r + 1), at::kDouble);
+      c.allReduce(t).wait();
+      sums[r] = t[0].item<double>();
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(sums[0], 3.0);
+  EXPECT_EQ(sums[1], 3.0);
+}

@@ -261,3 +261,18 @@ TEST(Data, TrainsOnATokenFile) {
 }
 
 }  // namespace
+
+TEST(Config, DuplicateKeysAndADirectoryAreRefusedInLongtrainsWords) {
+  auto dir = lt::testing::freshTempDir("longtrain_config_strict");
+  std::ofstream(dir / "dup.json") << R"({"train": {"steps": 3, "eval_every": 1, "steps": 5}, "seed": 1})";
+  std::string e = lt::testing::errorOf([&] { lt::train::loadConfigJson((dir / "dup.json").string(), {}); });
+  EXPECT_NE(e.find("key 'train.steps' appears twice"), std::string::npos) << e;
+  std::ofstream(dir / "top.json") << R"({"seed": 1, "model": {"hidden_size": 8}, "seed": 2})";
+  e = lt::testing::errorOf([&] { lt::train::loadConfigJson((dir / "top.json").string(), {}); });
+  EXPECT_NE(e.find("key 'seed' appears twice"), std::string::npos) << e;
+  // The same key in two different objects is fine.
+  std::ofstream(dir / "ok.json") << R"({"a": {"steps": 1}, "train": {"steps": 2}})";
+  EXPECT_EQ(lt::testing::errorOf([&] { lt::train::loadConfigJson((dir / "ok.json").string(), {}); }), "");
+  e = lt::testing::errorOf([&] { lt::train::loadConfigJson(dir.string(), {}); });
+  EXPECT_NE(e.find("is a directory"), std::string::npos) << e;
+}

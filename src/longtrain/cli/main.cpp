@@ -19,6 +19,7 @@
 #include "longtrain/ckpt/checkpoint.h"
 #include "longtrain/ckpt/hf_llama.h"
 #include "longtrain/data/tokenizer.h"
+#include "longtrain/comm/binding.h"
 #include "longtrain/comm/comm.h"
 #include "longtrain/comm/launch.h"
 #include "longtrain/core/check.h"
@@ -161,6 +162,15 @@ int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
 
   lt::comm::Options co;
   co.timeout = timeout;
+  if (rv.size > 1) {  // --nproc children get MASTER_ADDR 127.0.0.1: loopback
+    const char* master = std::getenv("MASTER_ADDR");
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    const auto b = lt::comm::glooBindingFor(master ? master : "", ifname ? ifname : "");
+    co.hostname = b.hostname;
+    co.interfaces = b.interfaces;
+    if (rv.rank == 0 && (!b.interfaces.empty() || b.hostname != "127.0.0.1"))
+      std::printf("longtrain: %s\n", b.describe().c_str());
+  }
   lt::comm::Groups groups;
   if (rv.size == 1) {
     groups = lt::comm::makeGroups(c10::make_intrusive<c10d::HashStore>(), 0, 1, cfg.sequenceParallelSize, co);

@@ -93,7 +93,9 @@ Comm::Comm(c10::intrusive_ptr<c10d::Store> store, int rank, int size, Options op
     for (int r = 0; r < size; ++r) globalRanks_.push_back(r);
   LT_ASSERT((int)globalRanks_.size() == size);
   auto o = c10d::ProcessGroupGloo::Options::create(opts_.timeout);
-  o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(opts_.hostname));
+  if (opts_.interfaces.empty())
+    o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(opts_.hostname));
+  for (const auto& i : opts_.interfaces) o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(i));
   o->threads = 2;
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("lt/pg/" + name_, std::move(store));
   try {

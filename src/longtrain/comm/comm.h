@@ -30,7 +30,8 @@ using Millis = std::chrono::milliseconds;
 
 struct Options {
   Millis timeout{60000};
-  std::string hostname{"127.0.0.1"};  // the interface Gloo binds to
+  std::string hostname{"127.0.0.1"};  // the address Gloo binds to (comm/binding.h picks it) ...
+  std::vector<std::string> interfaces;  // ... unless these interfaces are named (GLOO_SOCKET_IFNAME)
 };
 
 // Every rank increments its own counter in the store every `interval`; when a collective

@@ -418,11 +418,50 @@ void applyOverride(json& j, const std::string& assignment) {
   }
 }
 
+namespace {
+
+// JSON keeps the last of two equal keys without a word; a config must not. The parser's
+// callback sees every key with its object's depth: the path of the first duplicate is kept.
+std::string firstDuplicateKey(std::istream& in) {
+  std::vector<std::vector<std::string>> seen;  // keys of each open object
+  std::vector<std::string> path;               // the key of each open object, from the root
+  std::string pending, duplicate;
+  auto cb = [&](int depth, json::parse_event_t ev, json& parsed) {
+    if (ev == json::parse_event_t::object_start) {
+      seen.emplace_back();
+      path.push_back(pending);
+    } else if (ev == json::parse_event_t::object_end && !seen.empty()) {
+      seen.pop_back();
+      path.pop_back();
+    } else if (ev == json::parse_event_t::key && !seen.empty()) {
+      pending = parsed.get<std::string>();
+      auto& keys = seen.back();
+      if (duplicate.empty() && std::find(keys.begin(), keys.end(), pending) != keys.end()) {
+        for (size_t i = 1; i < path.size(); ++i) duplicate += path[i] + ".";
+        duplicate += pending;
+      }
+      keys.push_back(pending);
+    }
+    (void)depth;
+    return true;
+  };
+  (void)json::parse(in, cb, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  return duplicate;
+}
+
+}  // namespace
+
 json loadConfigJson(const std::string& path, const std::vector<std::string>& overrides) {
+  LT_CHECK(!std::filesystem::is_directory(path), "config file '", path, "' is a directory; give the JSON config ",
+           "file itself (e.g. examples/quickstart.json)");
   std::ifstream f(path);
   LT_CHECK(f.good(), "cannot open config file '", path, "'");
   json j = json::parse(f, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
   LT_CHECK(!j.is_discarded(), "config file '", path, "' is not valid JSON");
+  std::ifstream again(path);
+  const std::string dup = firstDuplicateKey(again);
+  LT_CHECK(dup.empty(), "config file '", path, "': key '", dup, "' appears twice (JSON would silently keep the ",
+           "last one); remove one of them");
   for (const auto& o : overrides) applyOverride(j, o);
   return j;
 }
