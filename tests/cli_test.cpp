@@ -191,3 +191,21 @@ TEST(Cli, RestartAfterAKilledRankFinishesWithTheSameLoss) {
 }
 
 }  // namespace
+
+namespace {
+
+// A config that cannot fit is refused before anything is allocated, with the figures and the
+// longest seq_len that fits, instead of std::bad_alloc (issue 18's example); the check can be
+// switched off, and a config that fits is not touched by it.
+TEST(Cli, MemoryPreflightRefusesWhatCannotFit) {
+  const std::string qs = std::string(LONGTRAIN_SOURCE_DIR) + "/examples/quickstart.json";
+  auto r = lt::testing::runCommand(std::string(LONGTRAIN_BIN) + " train " + qs + " --nproc 1 --set sequence_parallel_size=1" +
+                                   " --set data.seq_len=1000000000000");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("MiB per rank (longtrain plan's prediction) but a rank may use"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the longest data.seq_len that fits is"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("bad_alloc"), std::string::npos) << r.out;
+  EXPECT_LT(r.seconds, 20);
+}
+
+}  // namespace

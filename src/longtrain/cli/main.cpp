@@ -118,6 +118,26 @@ int cmdPlan(const std::string& configPath, int nprocFlag, const std::vector<std:
   return 0;
 }
 
+// Before the first allocation: the memory model's smallest peak for this config (every block
+// recomputed, unless activation_checkpointing is "none") against what a rank may use. The
+// 1.2x margin covers the model's error (within 12% on bench/plan_accuracy.sh), so only a
+// config that cannot fit is refused, with the figures instead of std::bad_alloc or the OOM killer.
+void preflightMemory(const lt::train::Config& cfg, int world, int localRanks) {
+  const int64_t limit = lt::rankMemoryLimitBytes(localRanks);
+  if (!cfg.train.memoryPreflight || limit <= 0) return;
+  const int k = cfg.activationCheckpointing == "none" ? static_cast<int>(cfg.model.layers) : 0;
+  const int64_t need = lt::plan::predictPeak(cfg, world, k).total();
+  if (static_cast<double>(need) <= 1.2 * static_cast<double>(limit)) return;
+  const int64_t longest = lt::plan::maxSeqLen(cfg, world, limit);
+  LT_CHECK(false, "this config needs an estimated ", static_cast<int64_t>(mib(need)), " MiB per rank (longtrain ",
+           "plan's prediction) but a rank may use ", static_cast<int64_t>(mib(limit)), " MiB (MemAvailable and the ",
+           "cgroup limit, shared by ", localRanks, " local rank(s)); ",
+           longest > 0 ? "the longest data.seq_len that fits is " + std::to_string(longest)
+                       : std::string("nothing fits at any data.seq_len"),
+           ". Lower data.seq_len or the micro batch, or spread the state over more ranks (ZeRO-3, ",
+           "sequence_parallel_size); train.memory_preflight=false skips this check");
+}
+
 struct TrainFlags {
   std::string config, metrics, resume, trace;
   bool resumeGiven = false, printProgram = false;
@@ -136,6 +156,7 @@ int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
   const int world = inRank ? envInt("WORLD_SIZE", 1) : nproc;
   // Validate before launching, so a config error is reported once, not once per rank.
   lt::train::Config cfg = lt::train::parseConfig(j, world);
+  preflightMemory(cfg, world, inRank ? envInt("LOCAL_WORLD_SIZE", 1) : nproc);
   std::string resume = fl.resume;
   if (fl.resumeGiven && resume.empty()) {
     resume = cfg.train.checkpoint.dir;

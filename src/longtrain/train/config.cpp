@@ -372,6 +372,7 @@ Config parseConfig(const json& j, int worldSize) {
     c.train.samplePrompt = t.getString("sample_prompt", "");
     c.train.commTimeoutS = t.getNum("comm_timeout_s", 60, 0.1, 1e6);
     c.train.memoryBudget = t.getBytes("memory_budget", 0);
+    c.train.memoryPreflight = t.getBool("memory_preflight", true);
     {
       Section k = t.sub("checkpoint");
       c.train.checkpoint.dir = k.getString("dir", "");

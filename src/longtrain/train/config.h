@@ -87,6 +87,9 @@ struct TrainSection {
   // Per-rank memory budget (bytes) for activation_checkpointing "auto"; 0: 90% of what the
   // rank may use (MemAvailable and the cgroup limit, shared among the local ranks).
   int64_t memoryBudget = 0;
+  // Refuse, before anything is allocated, a config whose predicted peak (longtrain plan's)
+  // exceeds 1.2x what a rank may use; false skips the check.
+  bool memoryPreflight = true;
   CheckpointConfig checkpoint;
 };
 
