@@ -3,6 +3,7 @@
 // `longtrain tokenize` end to end. Non-obvious: one model is trained for the whole suite
 // (SetUpTestSuite), and the vocabulary is 400, not 200: byte fallback alone takes 259 pieces.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -69,12 +70,15 @@ std::vector<uint16_t> readUint16(const fs::path& p) {
 
 class Tokenize : public ::testing::Test {
  protected:
+  // CTest runs every test in its own process, two at a time: each process gets its own
+  // directory (a shared one was emptied by one process's set-up under the other's feet).
   static void SetUpTestSuite() {
-    dir_ = lt::testing::freshTempDir("longtrain_tokenizer_test");
+    dir_ = lt::testing::freshTempDir("longtrain_tokenizer_test_" + std::to_string(::getpid()));
     docs_ = makeDocuments(300, 7);
     corpus_ = writeFortunes(dir_ / "corpus.txt", docs_);
     lt::data::trainTokenizer({corpus_.string()}, kVocab, (dir_ / "tok").string(), "%\n");
   }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
   static fs::path modelPath() { return dir_ / "tok.model"; }
   static inline fs::path dir_, corpus_;
   static inline std::vector<std::string> docs_;
@@ -218,7 +222,7 @@ TEST_F(Tokenize, BadInputsAreNamedErrors) {
 }
 
 TEST_F(Tokenize, CommandLineTrainsThenTokenizes) {
-  const fs::path d = lt::testing::freshTempDir("longtrain_tokenizer_test_cli");
+  const fs::path d = lt::testing::freshTempDir("longtrain_tokenizer_test_cli_" + std::to_string(::getpid()));
   const fs::path corpus = writeFortunes(d / "corpus.txt", makeDocuments(200, 11));
   const std::string inDir = "env -C " + d.string() + " ";  // runCommand prefixes `timeout`: no `cd`
   auto r = lt::testing::runCommand(inDir + kBin + " tokenize --train-tokenizer " +
