@@ -77,29 +77,30 @@ HfWeights::HfWeights(const std::string& dir) : dir_(dir) {
 
 HfWeights::~HfWeights() = default;
 
-const SafetensorsFile& HfWeights::fileOf(const std::string& name) const {
+int HfWeights::fileIndexOf(const std::string& name) const {
   auto it = std::lower_bound(where_.begin(), where_.end(), std::make_pair(name, -1));
-  LT_CHECK(it != where_.end() && it->first == name, "model.init_from: '", dir_, "' has no tensor '", name, "'");
-  return *files_[it->second];
+  return it != where_.end() && it->first == name ? it->second : -1;
+}
+
+const SafetensorsFile& HfWeights::fileOf(const std::string& name) const {
+  const int f = fileIndexOf(name);
+  LT_CHECK(f >= 0, "model.init_from: '", dir_, "' has no tensor '", name, "'");
+  return *files_[f];
 }
 
 void HfWeights::check(const std::vector<ExpectedTensor>& expected, bool tied) const {
   std::vector<std::string> missing, misShaped, unexpected;
   for (const auto& e : expected) {
-    auto it = std::lower_bound(where_.begin(), where_.end(), std::make_pair(e.name, -1));
-    if (it == where_.end() || it->first != e.name) {
+    const int f = fileIndexOf(e.name);
+    if (f < 0) {
       missing.push_back(e.name);
       continue;
     }
-    const TensorEntry* t = files_[it->second]->find(e.name);
+    const TensorEntry* t = files_[f]->find(e.name);
     const bool floating = t->dtype == "F32" || t->dtype == "BF16" || t->dtype == "F16";
-    if (t->shape != e.shape || !floating) {
-      std::string got = t->dtype + " [";
-      for (size_t i = 0; i < t->shape.size(); ++i) got += (i ? ", " : "") + std::to_string(t->shape[i]);
-      std::string want = "[";
-      for (size_t i = 0; i < e.shape.size(); ++i) want += (i ? ", " : "") + std::to_string(e.shape[i]);
-      misShaped.push_back(e.name + " (" + got + "], expected F32/BF16/F16 " + want + "])");
-    }
+    if (t->shape != e.shape || !floating)
+      misShaped.push_back(lt::detail::concat(e.name, " (", t->dtype, " ", at::IntArrayRef(t->shape),
+                                             ", expected F32/BF16/F16 ", at::IntArrayRef(e.shape), ")"));
   }
   for (const auto& [name, f] : where_) {
     const bool known = std::any_of(expected.begin(), expected.end(), [&](const auto& e) { return e.name == name; });

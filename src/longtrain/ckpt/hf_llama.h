@@ -36,6 +36,7 @@ class HfWeights {
   const std::string& dir() const { return dir_; }
 
  private:
+  int fileIndexOf(const std::string& name) const;  // -1: no such tensor
   const SafetensorsFile& fileOf(const std::string& name) const;
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;

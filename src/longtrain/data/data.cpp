@@ -171,7 +171,11 @@ std::string TokenFileDataset::describe() const {
 double unigramBaselineLoss(const Dataset& train, const Dataset& eval, int64_t vocab) {
   std::vector<double> counts(static_cast<size_t>(vocab), 1.0);  // add-one
   double total = static_cast<double>(vocab);
-  for (int64_t i = 0; i < train.size(); ++i)
+  // At most ~16M tokens are counted (evenly spaced windows): the start-up line must not read
+  // a many-GB corpus; every window counts in files below that.
+  const int64_t most = std::max<int64_t>(1, (int64_t{1} << 24) / std::max<int64_t>(1, train.seqLen()));
+  const int64_t stride = (train.size() + most - 1) / most;
+  for (int64_t i = 0; i < train.size(); i += stride)
     for (int64_t t : train.get(i).ids) {
       counts[static_cast<size_t>(t)] += 1;
       total += 1;

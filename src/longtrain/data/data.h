@@ -105,7 +105,8 @@ class TokenFileDataset : public Dataset {
 };
 
 // The loss a model knowing only token frequencies reaches: the mean cross-entropy (nats) of
-// `eval`'s scored tokens under `train`'s unigram distribution (add-one smoothed over `vocab`).
+// `eval`'s scored tokens under `train`'s unigram distribution (add-one smoothed over `vocab`;
+// counted over at most ~16M tokens of evenly spaced training windows).
 // The baseline a language model's eval loss must fall clearly below.
 double unigramBaselineLoss(const Dataset& train, const Dataset& eval, int64_t vocab);
 

@@ -24,25 +24,26 @@
 namespace lt::train {
 
 // The document separator of data.packing "documents": data.eos_id, else the tokenizer's EOS.
-int64_t packingEos(const Config& cfg) {
+int64_t packingEos(const Config& cfg, const data::Tokenizer* tok) {
   if (cfg.data.eosId >= 0) return cfg.data.eosId;
-  LT_CHECK(!cfg.data.tokenizer.empty(), "data.packing=\"documents\" needs the EOS id that separates documents: ",
+  LT_CHECK(tok, "data.packing=\"documents\" needs the EOS id that separates documents: ",
            "set data.tokenizer (its EOS is taken) or data.eos_id");
-  const int64_t eos = data::Tokenizer(cfg.data.tokenizer).eosId();
-  LT_CHECK(eos >= 0, "data.tokenizer '", cfg.data.tokenizer, "' has no EOS token; set data.eos_id");
-  return eos;
+  LT_CHECK(tok->eosId() >= 0, "data.tokenizer '", cfg.data.tokenizer, "' has no EOS token; set data.eos_id");
+  return tok->eosId();
 }
 
-void checkTokenizerFits(const Config& cfg) {
-  if (cfg.data.tokenizer.empty()) return;
-  const int64_t v = data::Tokenizer(cfg.data.tokenizer).vocabSize();
+void checkTokenizerFits(const Config& cfg, const data::Tokenizer& tok) {
+  const int64_t v = tok.vocabSize();
   LT_CHECK(v <= cfg.model.vocabSize, "data.tokenizer '", cfg.data.tokenizer, "' has ", v,
            " tokens, more than model.vocab_size=", cfg.model.vocabSize, "; raise model.vocab_size to at least ", v,
            " or use the tokenizer the model was trained with");
 }
 
 std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval) {
-  checkTokenizerFits(cfg);
+  // Loaded once per dataset; the vocabulary is checked with the training split.
+  std::unique_ptr<data::Tokenizer> tok;
+  if (!cfg.data.tokenizer.empty()) tok = std::make_unique<data::Tokenizer>(cfg.data.tokenizer);
+  if (tok && !eval) checkTokenizerFits(cfg, *tok);
   const auto& d = cfg.data;
   if (d.type == "kv_recall") {
     data::KvRecallOptions o;
@@ -65,7 +66,7 @@ std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval) {
   LT_CHECK(width != 1 || cfg.model.vocabSize >= 256, "data.type=\"bytes\" needs model.vocab_size >= 256, got ",
            cfg.model.vocabSize);
   data::TokenWindows w;
-  w.packEos = d.packing == "documents" ? packingEos(cfg) : -1;
+  w.packEos = d.packing == "documents" ? packingEos(cfg, tok.get()) : -1;
   if (d.evalFraction > 0) {  // the last windows are held out for evaluation
     const int64_t all = data::TokenFileDataset(d.path, width, d.seqLen, cfg.model.vocabSize).fileWindows();
     const int64_t held = std::max<int64_t>(1, std::llround(d.evalFraction * static_cast<double>(all)));

@@ -37,6 +37,7 @@ std::string humanTime(double s) {
 class Sampler {
  public:
   explicit Sampler(const Config& cfg) : cfg_(cfg) {
+    if (cfg.train.sampleEvery <= 0) return;  // nothing to load for a run that never samples
     if (!cfg.data.tokenizer.empty()) tok_ = std::make_unique<data::Tokenizer>(cfg.data.tokenizer);
     LT_CHECK(cfg.train.samplePrompt.empty() || tok_, "train.sample_prompt needs data.tokenizer to encode it");
     if (tok_) prompt_ = tok_->encode(cfg.train.samplePrompt);
