@@ -9,7 +9,9 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <signal.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -21,10 +23,12 @@
 #include "longtrain/data/tokenizer.h"
 #include "longtrain/comm/binding.h"
 #include "longtrain/comm/comm.h"
+#include "longtrain/comm/identity.h"
 #include "longtrain/comm/launch.h"
 #include "longtrain/core/check.h"
 #include "longtrain/core/cpu.h"
 #include "longtrain/core/memory.h"
+#include "longtrain/core/stop.h"
 #include "longtrain/model/generate.h"
 #include "longtrain/model/kernel_isa.h"
 #include "longtrain/plan/memory_model.h"
@@ -141,10 +145,49 @@ void preflightMemory(const lt::train::Config& cfg, int world, int localRanks) {
 struct TrainFlags {
   std::string config, metrics, resume, trace;
   bool resumeGiven = false, printProgram = false;
-  int nproc = 0;  // 0: the config's train.nproc
+  int nproc = 0;  // per node; 0: the config's train.nproc
   int maxRestarts = 0;
+  int nnodes = 1, nodeRank = 0, masterPort = 29500;
+  double rdzvTimeoutS = 300;
+  std::string masterAddr, rdzvId;
   std::vector<std::string> sets;
 };
+
+// What every rank of the job must agree on (comm/identity.h): the effective config, the world,
+// the job id and the build; and where this rank runs.
+lt::comm::RankIdentity rankIdentity(const lt::train::Config& cfg, int world, const std::string& bindAddress) {
+  lt::comm::RankIdentity id;
+  const auto flat = nlohmann::json::parse(cfg.source).flatten();
+  for (const auto& [pointer, v] : flat.items()) {  // "/optimizer/params/lr" -> "optimizer.params.lr"
+    std::string key = pointer.substr(1);
+    std::replace(key.begin(), key.end(), '/', '.');
+    id.agreed[key] = v.dump();
+  }
+  id.agreed["world_size"] = std::to_string(world);
+  id.agreed["binary"] = lt::comm::binaryDigest();
+  for (const char* k : {"LONGTRAIN_RUN_ID", "TORCHELASTIC_RUN_ID"})
+    if (const char* v = std::getenv(k); v && *v) id.agreed[std::string("job_id (") + k + ")"] = v;
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  id.host = std::string(host) + (bindAddress.empty() ? "" : " " + bindAddress);
+  return id;
+}
+
+// Several nodes (--nnodes, --master-addr) or several local ranks: this process launches.
+int launchRanks(int argc, char** argv, const TrainFlags& fl, const lt::train::Config& cfg, int nproc) {
+  std::vector<std::string> args(argv, argv + argc);
+  lt::comm::LaunchOptions lo;
+  lo.nprocPerNode = nproc;
+  lo.nnodes = fl.nnodes;
+  lo.nodeRank = fl.nodeRank;
+  lo.masterAddr = fl.masterAddr;
+  lo.masterPort = fl.masterPort;
+  lo.rdzvId = fl.rdzvId;
+  lo.rdzvTimeout = std::chrono::milliseconds(static_cast<int64_t>(fl.rdzvTimeoutS * 1000));
+  lo.grace = std::chrono::milliseconds(static_cast<int64_t>(cfg.train.commTimeoutS * 1000) + 10000);
+  lo.maxRestarts = fl.maxRestarts;
+  return lt::comm::launch(args, lo);
+}
 
 int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
   const std::string& configPath = fl.config;
@@ -153,7 +196,7 @@ int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
   const bool inRank = std::getenv("WORLD_SIZE") != nullptr;
   nlohmann::json j = lt::train::loadConfigJson(configPath, sets);
   const int nproc = nprocOf(j, nprocFlag);
-  const int world = inRank ? envInt("WORLD_SIZE", 1) : nproc;
+  const int world = inRank ? envInt("WORLD_SIZE", 1) : nproc * fl.nnodes;
   // Validate before launching, so a config error is reported once, not once per rank.
   lt::train::Config cfg = lt::train::parseConfig(j, world);
   preflightMemory(cfg, world, inRank ? envInt("LOCAL_WORLD_SIZE", 1) : nproc);
@@ -165,14 +208,9 @@ int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
   if (!resume.empty() && !inRank) (void)lt::ckpt::resolve(resume);  // fail before launching anything
   LT_CHECK(fl.maxRestarts == 0 || !cfg.train.checkpoint.dir.empty(), "--max-restarts ", fl.maxRestarts,
            " needs train.checkpoint.dir (and every_steps), or a restart would start over from step 0");
-  if (!inRank && (nproc > 1 || fl.maxRestarts > 0)) {
-    std::vector<std::string> args(argv, argv + argc);
-    lt::comm::LaunchOptions lo;
-    lo.nproc = nproc;
-    lo.grace = std::chrono::milliseconds(static_cast<int64_t>(cfg.train.commTimeoutS * 1000) + 10000);
-    lo.maxRestarts = fl.maxRestarts;
-    return lt::comm::launchLocal(args, lo);
-  }
+  if (!inRank && (nproc > 1 || fl.maxRestarts > 0 || fl.nnodes > 1 || !fl.masterAddr.empty()))
+    return launchRanks(argc, argv, fl, cfg, nproc);
+  lt::installStopHandlers();
   auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.train.commTimeoutS * 1000));
   auto rv = lt::comm::rendezvousFromEnv(timeout);
   int threads = cfg.train.threads;
@@ -196,7 +234,11 @@ int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
   if (rv.size == 1) {
     groups = lt::comm::makeGroups(c10::make_intrusive<c10d::HashStore>(), 0, 1, cfg.sequenceParallelSize, co);
   } else {
+    const auto hosts = lt::comm::exchangeIdentity(*rv.store, rv.rank, rv.size, rankIdentity(cfg, rv.size, co.hostname),
+                                                  timeout, rv.storeWhere);
     groups = lt::comm::makeGroups(rv.store, rv.rank, rv.size, cfg.sequenceParallelSize, co, rv.heartbeatStore);
+    groups.liveness->setHosts(hosts);
+    groups.liveness->setStoreWhere(rv.storeWhere);
   }
   if (cfg.train.memoryBudget == 0) cfg.train.memoryBudget = lt::plan::memoryBudgetFor(cfg, rv.localSize);
   lt::train::TrainOptions to;
@@ -222,11 +264,11 @@ int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
     }
   }
   auto s = lt::train::runTraining(cfg, groups, to);
-  if (rv.rank == 0)
+  if (rv.rank == 0 && !s.stopSignal)
     std::printf("done: %lld steps, final loss %.4f, eval loss %.4f, eval accuracy %.3f, %.0f tokens/s\n",
                 (long long)s.steps, s.finalLoss, s.evalLoss, s.evalAccuracy, s.tokensPerS);
   groups.world->barrier();  // nobody tears down its process group while a peer still needs it
-  return 0;
+  return s.stopSignal ? 128 + s.stopSignal : 0;
 }
 
 // `longtrain info`: what a run would get on this machine, and whether its GEMM computes right.
@@ -465,9 +507,20 @@ int main(int argc, char** argv) {
   auto* train = app.add_subcommand("train", "train a model from a JSON config (DeepSpeed key names)");
   TrainFlags fl;
   train->add_option("CONFIG", fl.config, "path of the JSON config")->required();
-  train->add_option("--nproc", fl.nproc, "local ranks to launch (like torchrun --standalone --nproc-per-node); "
-                                     "default: the config's train.nproc")
+  train->add_option("--nproc,--nproc-per-node", fl.nproc, "ranks to launch on this node (torchrun's "
+                                                         "--nproc-per-node); default: the config's train.nproc")
       ->check(CLI::Range(1, 1024));
+  train->add_option("--nnodes", fl.nnodes, "nodes of the job (torchrun's name); each runs this command with its "
+                                           "own --node-rank")->check(CLI::Range(1, 4096));
+  train->add_option("--node-rank", fl.nodeRank, "this node's rank, 0..nnodes-1 (node 0 hosts the store)")
+      ->check(CLI::Range(0, 4095));
+  train->add_option("--master-addr", fl.masterAddr, "node 0's address, reachable from every node");
+  train->add_option("--master-port", fl.masterPort, "the port of node 0's store (default 29500)")
+      ->check(CLI::Range(1, 65535));
+  train->add_option("--rdzv-id", fl.rdzvId, "the job's id: a node started with another id is refused (torchrun's "
+                                            "--rdzv-id); also the run id its checkpoints record");
+  train->add_option("--rdzv-timeout", fl.rdzvTimeoutS, "seconds a node waits for the others at each rendezvous "
+                                                       "(default 300)")->check(CLI::Range(1.0, 86400.0));
   train->add_option("--set", fl.sets, "override a config key by its dotted path with a JSON value, e.g. "
                                    "--set zero_optimization.stage=3 (repeatable)");
   train->add_option("--metrics", fl.metrics, "write one JSON object per optimizer step to this file (rank 0; "

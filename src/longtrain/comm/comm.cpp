@@ -3,11 +3,15 @@
 #include "longtrain/comm/comm.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "longtrain/core/check.h"
@@ -19,44 +23,110 @@ namespace lt::comm {
 // ---------------------------------------------------------------------------- Liveness
 static std::string hbKey(int r) { return "lt/hb/" + std::to_string(r); }
 
-Liveness::Liveness(c10::intrusive_ptr<c10d::Store> store, int rank, int size, Millis interval)
-    : store_(std::move(store)), rank_(rank), size_(size), interval_(interval) {
-  thread_ = std::thread([this] {
-    while (!stop_.load()) {
-      try {
-        store_->add(hbKey(rank_), 1);
-      } catch (...) {
-        // The store is gone (rank 0 died); diagnose() reports it. Keep the thread quiet.
-      }
-      for (int i = 0; i < 10 && !stop_.load(); ++i) std::this_thread::sleep_for(interval_ / 10);
+// What the heartbeat thread shares with its owner: the thread may outlive the Liveness when
+// it is stuck in a store whose host is gone (TCPStore's reads have no timeout).
+struct Liveness::Beat {
+  c10::intrusive_ptr<c10d::Store> store;
+  std::atomic<bool> stop{false}, done{false};
+};
+
+namespace {
+
+// Every rank's heartbeat counter, read on a thread of its own; nullopt when the store does not
+// answer within `limit` (the reading thread is then left behind, blocked).
+std::optional<std::vector<int64_t>> readCounters(c10::intrusive_ptr<c10d::Store> store, int size, Millis limit) {
+  struct Result {
+    std::mutex m;
+    std::condition_variable cv;
+    bool ready = false;
+    std::optional<std::vector<int64_t>> counters;
+  };
+  auto res = std::make_shared<Result>();
+  std::thread([res, store, size] {
+    std::optional<std::vector<int64_t>> c;
+    try {
+      std::vector<int64_t> v(size);
+      for (int r = 0; r < size; ++r) v[r] = store->add(hbKey(r), 0);
+      c = std::move(v);
+    } catch (const std::exception&) {
     }
+    std::lock_guard<std::mutex> g(res->m);
+    res->counters = std::move(c);
+    res->ready = true;
+    res->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lk(res->m);
+  if (!res->cv.wait_for(lk, limit, [&] { return res->ready; })) return std::nullopt;
+  return res->counters;
+}
+
+}  // namespace
+
+Liveness::Liveness(c10::intrusive_ptr<c10d::Store> store, int rank, int size, Millis interval)
+    : store_(store), beat_(std::make_shared<Beat>()), rank_(rank), size_(size), interval_(interval) {
+  beat_->store = std::move(store);
+  thread_ = std::thread([b = beat_, key = hbKey(rank), interval] {
+    while (!b->stop.load()) {
+      try {
+        b->store->add(key, 1);
+      } catch (...) {
+        // The store is gone; diagnose() reports it. Keep the thread quiet.
+      }
+      for (int i = 0; i < 10 && !b->stop.load(); ++i) std::this_thread::sleep_for(interval / 10);
+    }
+    b->done.store(true);
   });
 }
 
 Liveness::~Liveness() { stop(); }
 
 void Liveness::stop() {
-  stop_.store(true);
-  if (thread_.joinable()) thread_.join();
+  beat_->stop.store(true);
+  if (!thread_.joinable()) return;
+  for (int i = 0; i < 100 && !beat_->done.load(); ++i) std::this_thread::sleep_for(Millis(10));
+  if (beat_->done.load()) thread_.join();
+  else thread_.detach();  // blocked in a dead store: it owns what it uses
 }
 
-std::string Liveness::diagnose() {
-  try {
-    std::vector<int64_t> before(size_);
-    for (int r = 0; r < size_; ++r) before[r] = store_->add(hbKey(r), 0);
-    std::this_thread::sleep_for(interval_ * 4);
-    std::vector<int> lost;
-    for (int r = 0; r < size_; ++r)
-      if (store_->add(hbKey(r), 0) == before[r]) lost.push_back(r);
-    if (lost.empty()) return "every rank's heartbeat is alive (a slow rank or a mismatched collective)";
-    std::ostringstream os;
-    os << "lost rank(s): ";
-    for (size_t i = 0; i < lost.size(); ++i) os << (i ? ", " : "") << lost[i];
-    os << " (no heartbeat for " << (interval_ * 4).count() << " ms)";
-    return os.str();
-  } catch (const std::exception&) {
-    return "lost rank(s): 0 (the rendezvous store on rank 0 is unreachable)";
+void Liveness::setHosts(std::vector<std::string> hosts) { hosts_ = std::move(hosts); }
+
+std::string Liveness::rankAt(int r) const {
+  if (r < static_cast<int>(hosts_.size()) && !hosts_[r].empty()) return std::to_string(r) + " (host " + hosts_[r] + ")";
+  return std::to_string(r);
+}
+
+static bool isConnectionError(const std::string& e) {
+  for (const char* s : {"onnection refused", "o route to host", "etwork is unreachable", "connect", "Connect"})
+    if (e.find(s) != std::string::npos) return true;
+  return false;
+}
+
+std::string Liveness::diagnose(const std::string& error) {
+  const Millis limit = std::max(Millis(3000), interval_ * 4);
+  const auto before = readCounters(store_, size_, limit);
+  if (!before)
+    return "the rendezvous store " + storeWhere_ + " does not answer rank " + rankAt(rank_) +
+           ": its host is down, or the link to it";
+  std::this_thread::sleep_for(interval_ * 4);
+  const auto after = readCounters(store_, size_, limit);
+  if (!after)
+    return "the rendezvous store " + storeWhere_ + " stopped answering rank " + rankAt(rank_) +
+           ": its host is down, or the link to it";
+  std::vector<int> lost;
+  for (int r = 0; r < size_; ++r)
+    if ((*after)[r] == (*before)[r]) lost.push_back(r);
+  if (lost.empty() && isConnectionError(error)) {
+    std::string ranks;
+    for (int r = 0; r < size_; ++r) ranks += (r ? ", " : "") + rankAt(r);
+    return "every rank's heartbeat is alive, so a peer runs but cannot be reached at the address it advertised "
+           "(ranks: " + ranks + "); set GLOO_SOCKET_IFNAME to the interface of the network the hosts share";
   }
+  if (lost.empty()) return "every rank's heartbeat is alive (a rank slower than the timeout, or ranks in different collectives)";
+  std::ostringstream os;
+  os << "lost rank(s): ";
+  for (size_t i = 0; i < lost.size(); ++i) os << (i ? ", " : "") << rankAt(lost[i]);
+  os << " (no heartbeat for " << (interval_ * 4).count() << " ms: dead, stopped, or cut off)";
+  return os.str();
 }
 
 // ---------------------------------------------------------------------------- Work
@@ -72,7 +142,7 @@ void Work::wait() {
     } catch (const std::exception& e) {
       const std::string msg = firstLine(e.what());  // c10 errors carry a backtrace
       LT_CHECK(false, what_, " on group '", comm_->name(), "' failed (timeout ",
-               comm_->options().timeout.count(), " ms): ", msg, "; ", comm_->diagnoseFailure());
+               comm_->options().timeout.count(), " ms): ", msg, "; ", comm_->diagnoseFailure(msg));
     }
   }
   if (finish_) {
@@ -103,15 +173,15 @@ Comm::Comm(c10::intrusive_ptr<c10d::Store> store, int rank, int size, Options op
   } catch (const std::exception& e) {
     const std::string msg = firstLine(e.what());
     LT_CHECK(false, "cannot connect group '", name_, "' (rank ", rank, " of ", size, ", timeout ",
-             opts_.timeout.count(), " ms): ", msg, "; ", diagnoseFailure());
+             opts_.timeout.count(), " ms): ", msg, "; ", diagnoseFailure(msg.empty() ? "connect" : msg));
   }
 }
 
 Comm::~Comm() = default;
 
-std::string Comm::diagnoseFailure() const {
+std::string Comm::diagnoseFailure(const std::string& error) const {
   if (!liveness_) return "no heartbeat to tell which rank was lost";
-  return liveness_->diagnose();
+  return liveness_->diagnose(error);
 }
 
 static c10d::ReduceOp toC10d(ReduceOp op) {
@@ -240,23 +310,14 @@ static int envInt(const char* key, int def) {
   return static_cast<int>(x);
 }
 
-EnvRendezvous rendezvousFromEnv(Millis timeout) {
-  EnvRendezvous r;
-  r.size = envInt("WORLD_SIZE", 1);
-  r.rank = envInt("RANK", 0);
-  r.localRank = envInt("LOCAL_RANK", r.rank);
-  r.localSize = envInt("LOCAL_WORLD_SIZE", r.size);
-  LT_CHECK(r.rank < r.size, "RANK=", r.rank, " must be below WORLD_SIZE=", r.size);
-  if (r.size == 1) return r;
-  const char* addr = std::getenv("MASTER_ADDR");
-  LT_CHECK(addr && *addr, "WORLD_SIZE=", r.size, " but MASTER_ADDR is not set; set MASTER_ADDR and MASTER_PORT ",
-           "(as torchrun does) or use --nproc N");
-  int port = envInt("MASTER_PORT", -1);
-  LT_CHECK(port > 0 && port < 65536, "MASTER_PORT must be set to a TCP port (1..65535)");
+namespace {
+
+// Rank 0 hosts the store (torchrun's ranks), or every rank is a client of node 0's launcher.
+void connectTcpStore(EnvRendezvous& r, const std::string& addr, int port, bool agentStore, Millis timeout) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(port);
-  o.isServer = r.rank == 0;
-  o.numWorkers = r.size;
+  o.isServer = !agentStore && r.rank == 0;
+  o.numWorkers = agentStore ? c10::nullopt : c10::optional<std::size_t>(r.size);
   o.waitWorkers = false;
   o.timeout = timeout;
   try {
@@ -266,7 +327,44 @@ EnvRendezvous rendezvousFromEnv(Millis timeout) {
     r.heartbeatStore = c10::make_intrusive<c10d::TCPStore>(addr, h);
   } catch (const std::exception& e) {
     const std::string msg = firstLine(e.what());
-    LT_CHECK(false, "rank ", r.rank, ": cannot reach the rendezvous store at ", addr, ":", port, ": ", msg);
+    LT_CHECK(!o.isServer, "rank 0 cannot listen on MASTER_PORT=", port, ": ", msg, " (port ", port, " is in use, by ",
+             "another job's store?); choose another MASTER_PORT");
+    LT_CHECK(false, "rank ", r.rank, ": cannot reach the rendezvous store ", r.storeWhere, " within ",
+             timeout.count() / 1000, " s: ", msg);
+  }
+}
+
+}  // namespace
+
+EnvRendezvous rendezvousFromEnv(Millis timeout) {
+  EnvRendezvous r;
+  r.size = envInt("WORLD_SIZE", 1);
+  r.rank = envInt("RANK", 0);
+  r.localRank = envInt("LOCAL_RANK", r.rank);
+  r.localSize = envInt("LOCAL_WORLD_SIZE", r.size);
+  LT_CHECK(r.rank < r.size, "RANK=", r.rank, " must be below WORLD_SIZE=", r.size);
+  if (r.size == 1) return r;
+  if (const char* file = std::getenv("LONGTRAIN_STORE_FILE"); file && *file) {
+    r.store = c10::make_intrusive<c10d::FileStore>(file, -1);  // -1: the launcher removes the file
+    r.heartbeatStore = c10::make_intrusive<c10d::FileStore>(file, -1);
+    r.storeWhere = std::string("in ") + file;
+    return r;
+  }
+  const char* addr = std::getenv("MASTER_ADDR");
+  LT_CHECK(addr && *addr, "WORLD_SIZE=", r.size, " but MASTER_ADDR is not set; set MASTER_ADDR and MASTER_PORT ",
+           "(as torchrun does) or use --nproc N");
+  int port = envInt("MASTER_PORT", -1);
+  LT_CHECK(port > 0 && port < 65536, "MASTER_PORT must be set to a TCP port (1..65535)");
+  const char* prefix = std::getenv("LONGTRAIN_STORE_PREFIX");
+  const bool agent = prefix && *prefix;
+  r.storeWhere = "at " + std::string(addr) + ":" + std::to_string(port) + (agent ? " (node 0's launcher)" : " (rank 0)");
+  connectTcpStore(r, addr, port, agent, timeout);
+  // The heartbeat's reads are bounded well below the collective timeout, so a diagnosis
+  // never waits as long as the failure it explains.
+  r.heartbeatStore->setTimeout(std::min(timeout, Millis(5000)));
+  if (agent) {
+    r.store = c10::make_intrusive<c10d::PrefixStore>(prefix, r.store);
+    r.heartbeatStore = c10::make_intrusive<c10d::PrefixStore>(prefix, r.heartbeatStore);
   }
   return r;
 }

@@ -35,23 +35,32 @@ struct Options {
 };
 
 // Every rank increments its own counter in the store every `interval`; when a collective
-// fails, the ranks whose counters stopped are the lost ones. A rank whose store is gone
-// (the store lives in world rank 0) reports rank 0 as lost.
+// fails, the ranks whose counters stopped are the lost ones, named with their hosts. A rank
+// that cannot reach the store says so, and where the store lives.
 class Liveness {
  public:
   Liveness(c10::intrusive_ptr<c10d::Store> store, int rank, int size, Millis interval = Millis(200));
   ~Liveness();
   Liveness(const Liveness&) = delete;
   Liveness& operator=(const Liveness&) = delete;
-  // Blocks ~4 intervals. Returns a human-readable verdict, e.g. "lost rank(s): 1".
-  std::string diagnose();
+  // Blocks ~4 intervals. Returns a human-readable verdict, e.g. "lost rank(s): 1 (host b)".
+  // `error` is the failed operation's message: with every heartbeat alive, a connection
+  // error means a peer that runs but cannot be reached, not a slow one.
+  std::string diagnose(const std::string& error = {});
+  // Who runs where (world rank order), and where the store is, for the verdicts.
+  void setHosts(std::vector<std::string> hosts);
+  void setStoreWhere(std::string where) { storeWhere_ = std::move(where); }
   void stop();
 
  private:
+  struct Beat;
+  std::string rankAt(int r) const;
   c10::intrusive_ptr<c10d::Store> store_;
+  std::shared_ptr<Beat> beat_;
   int rank_, size_;
   Millis interval_;
-  std::atomic<bool> stop_{false};
+  std::vector<std::string> hosts_;
+  std::string storeWhere_ = "on rank 0";
   std::thread thread_;
 };
 
@@ -103,8 +112,8 @@ class Comm {
   // Chunk sizes of an N-element buffer split over the group: the first N % size get one more.
   std::vector<int64_t> chunkSizes(int64_t n) const;
 
-  // Text appended to a failed collective's error (the Liveness verdict).
-  std::string diagnoseFailure() const;
+  // Text appended to a failed collective's error (the Liveness verdict on `error`).
+  std::string diagnoseFailure(const std::string& error = {}) const;
 
  private:
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
@@ -126,10 +135,14 @@ Groups makeGroups(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int
                   c10::intrusive_ptr<c10d::Store> heartbeatStore = {});
 
 // Rendezvous from a torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). A missing RANK means a single-rank run.
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). A missing RANK means a single-rank run. The
+// store: LONGTRAIN_STORE_FILE's file (one node, launched by longtrain); a client of node 0's
+// launcher's TCPStore under LONGTRAIN_STORE_PREFIX (several nodes); else rank 0 hosts a
+// TCPStore on MASTER_PORT (torchrun's ranks).
 struct EnvRendezvous {
   int rank = 0, size = 1, localRank = 0, localSize = 1;
   c10::intrusive_ptr<c10d::Store> store, heartbeatStore;  // null when size == 1
+  std::string storeWhere;  // e.g. "at 10.0.0.1:29500 (node 0's launcher)", for messages
 };
 EnvRendezvous rendezvousFromEnv(Millis timeout);
 

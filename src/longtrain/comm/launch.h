@@ -1,12 +1,20 @@
-// Local launcher for `longtrain train --nproc N`, like `torchrun --standalone`: N child
-// processes re-run this executable with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// MASTER_ADDR and MASTER_PORT set. If a child fails, the others get `grace` to fail on
-// their own (they will, by collective timeout), then are killed; the launcher's return code
-// is non-zero and its message names the first rank that failed. Children die with the
-// launcher (PR_SET_PDEATHSIG), so no orphan is left behind.
-// With maxRestarts = N (torchrun's --max-restarts), a failed job is started again, whole, up
-// to N times; children see LONGTRAIN_RESTART_ATTEMPT (0 first) and LONGTRAIN_RUN_ID (one
-// random id per launch), and resume from the newest complete checkpoint of that launch.
+// The launcher behind `longtrain train --nproc K` and `--nnodes N --node-rank R ...`, with
+// torchrun's contract: each node's launcher starts K ranks that re-run this executable with
+// RANK (= R*K + local rank), WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR
+// and MASTER_PORT set.
+// - One node: the ranks rendezvous through a file (c10d FileStore, LONGTRAIN_STORE_FILE), so
+//   nothing listens on any network; Gloo binds loopback.
+// - Several nodes: node 0's launcher hosts the TCPStore on MASTER_PORT for the whole job,
+//   across restarts (torchrun's agent store); each attempt's ranks use their own key prefix
+//   (LONGTRAIN_STORE_PREFIX). A node must present the job id (--rdzv-id) node 0 holds.
+// Failure: the first rank that fails, on any node, is the report; the others get `grace` to
+// fail on their own (they will, by collective timeout, each naming what it saw), then are
+// killed. With maxRestarts, every node's launcher then tears down and re-rendezvouses, and
+// the ranks resume from the newest complete checkpoint of the run (LONGTRAIN_RUN_ID, one id
+// for every attempt and node; LONGTRAIN_RESTART_ATTEMPT counts from 0).
+// SIGTERM / SIGINT: forwarded once to every local rank, which finish the step, checkpoint and
+// exit 128 + signal; the launcher exits the same way, without restarting. A second signal
+// kills the ranks at once. Children die with the launcher (PR_SET_PDEATHSIG).
 #pragma once
 #include <chrono>
 #include <string>
@@ -15,17 +23,25 @@
 namespace lt::comm {
 
 struct LaunchOptions {
-  int nproc = 1;
+  int nprocPerNode = 1;
+  int nnodes = 1, nodeRank = 0;
+  std::string masterAddr;  // several nodes: node 0's address; "": a one-node job
+  int masterPort = 0;      // several nodes: the port of node 0's store
+  std::string rdzvId;      // the job's id: every node must present node 0's (torchrun --rdzv-id)
   std::chrono::milliseconds grace{60000};
+  std::chrono::milliseconds rdzvTimeout{300000};  // waiting for the other nodes, each attempt
   int maxRestarts = 0;
 };
 
-// argv: the full command line to run in each child (argv[0] is replaced by this executable).
-// Returns 0 when every rank of some attempt exited 0; otherwise 1, after printing which rank
-// failed first in each attempt.
-int launchLocal(const std::vector<std::string>& argv, const LaunchOptions& opts);
+// argv: the full command line to run in each rank (argv[0] is replaced by this executable).
+// Returns 0 when every rank of an attempt exited 0; 128 + signal after a forwarded SIGTERM or
+// SIGINT; otherwise 1, after printing which rank (and node) failed first in each attempt.
+int launch(const std::vector<std::string>& argv, const LaunchOptions& opts);
 
 // A free TCP port on 127.0.0.1 (bound then released; a race with other programs is possible).
 int findFreePort();
+
+// "exited with code 3", "was killed by signal 9 (Killed; out of memory?)".
+std::string describeExitStatus(int waitStatus);
 
 }  // namespace lt::comm

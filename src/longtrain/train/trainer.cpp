@@ -17,6 +17,7 @@
 #include "longtrain/core/check.h"
 #include "longtrain/core/cpu.h"
 #include "longtrain/core/memory.h"
+#include "longtrain/core/stop.h"
 #include "longtrain/core/trace.h"
 #include "longtrain/data/tokenizer.h"
 #include "longtrain/model/generate.h"
@@ -78,6 +79,14 @@ class Sampler {
   std::vector<int64_t> prompt_;
   std::unique_ptr<model::Model> model_;
 };
+
+// SIGTERM/SIGINT on any rank stops every rank after the same step: the ranks agree each step.
+int agreedStopSignal(comm::Comm& world) {
+  if (world.size() == 1) return stopSignal();
+  auto t = at::tensor({static_cast<int64_t>(stopSignal())}, at::kLong);
+  world.allReduce(t, comm::ReduceOp::Max).wait();
+  return static_cast<int>(t.item<int64_t>());
+}
 
 }  // namespace
 
@@ -204,8 +213,10 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
       trace::Scope ts("step", "step " + std::to_string(s + 1));
       m = engine.step();
     }
+    const int stop = agreedStopSignal(*groups.world);
     double ckptS = -1;
-    if (ck.everySteps > 0 && (m.step % ck.everySteps == 0 || m.step == cfg.train.steps)) {
+    const bool cadence = ck.everySteps > 0 && (m.step % ck.everySteps == 0 || m.step == cfg.train.steps);
+    if (cadence || (stop && !ck.dir.empty())) {
       auto t0 = std::chrono::steady_clock::now();
       std::string dir = ck.async ? saver.save(engine, ck.dir, ck.keepLast, opts.checkpointHook, opts.runId)
                                  : ckpt::save(engine, ck.dir, ck.keepLast, opts.checkpointHook, opts.runId);
@@ -279,6 +290,14 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
       sum.evalAccuracy = e.accuracy;
     }
     sum.tokensPerS = tps;
+    if (stop) {
+      sum.stopSignal = stop;
+      if (lead)
+        std::printf("stop: %s after step %lld; %s\n", strsignal(stop), (long long)m.step,
+                    ck.dir.empty() ? "no checkpoint (train.checkpoint.dir is not set)"
+                                   : ("checkpoint saved under " + ck.dir + "; continue with --resume").c_str());
+      break;
+    }
   }
   if (ck.async) {
     auto t0 = std::chrono::steady_clock::now();

@@ -1,0 +1,48 @@
+// Signal handlers for preemption-safe stops (see stop.h); async-signal-safe calls only.
+#include "longtrain/core/stop.h"
+
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+
+namespace lt {
+
+namespace {
+
+std::atomic<int> gSignal{0};
+std::atomic<long long> gFirstNs{0};
+
+long long nowNs() {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+void onStop(int sig) {
+  int none = 0;
+  if (gSignal.compare_exchange_strong(none, sig)) {
+    gFirstNs.store(nowNs());
+    static const char msg[] = "longtrain: stop requested; finishing the step, then checkpointing (a second signal "
+                              "exits at once)\n";
+    (void)!::write(2, msg, sizeof msg - 1);
+    return;
+  }
+  if (nowNs() - gFirstNs.load() > 1000000000LL) ::_exit(128 + sig);
+}
+
+}  // namespace
+
+void installStopHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = onStop;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+}
+
+int stopSignal() { return gSignal.load(); }
+
+}  // namespace lt
