@@ -6,7 +6,7 @@ set -euo pipefail
 PKGS=(build-essential cmake ninja-build ccache pkg-config
       libtorch-dev libgloo-dev libopenblas0-openmp libgoogle-perftools-dev
       nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libsentencepiece-dev
-      libgtest-dev libgmock-dev libbenchmark-dev)
+      libgtest-dev libgmock-dev libbenchmark-dev iproute2)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -24,6 +24,7 @@
 #include "longtrain/core/partition.h"
 #include "longtrain/core/trace.h"
 #include "longtrain/core/crc32c.h"
+#include "longtrain/core/strings.h"
 #include "longtrain/train/engine.h"
 
 namespace lt::ckpt {
@@ -254,6 +255,39 @@ struct Snapshot {
 
 std::string doneName(int rank) { return fmt::format("rank-{:05d}.done", rank); }
 
+std::string mibText(double b) { return fmt::format("{:.1f} MiB", b / 1048576.0); }
+
+// Collective: before anything is written, every rank checks that its filesystem has room for
+// the files of all ranks writing to it (ranks on the same host and device), so a save that
+// cannot fit is refused at once, on every rank, with the bytes needed and free.
+void checkFreeSpace(const Snapshot& s, comm::Comm& world) {
+  int64_t mine = 1 << 16;  // header and digest files
+  for (const auto& t : s.tensors) mine += static_cast<int64_t>(t.tensor.nbytes());
+  struct stat st {};
+  ::stat(s.dir.c_str(), &st);
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const int64_t device = static_cast<int64_t>(std::hash<std::string>{}(host) ^ st.st_dev) & ((1LL << 62) - 1);
+  auto local = at::tensor({mine, device}, at::kLong), all = at::empty({2 * world.size()}, at::kLong);
+  world.allGather(all, local).wait();
+  int64_t need = 0;
+  for (int r = 0; r < world.size(); ++r)
+    if (all[2 * r + 1].item<int64_t>() == device) need += all[2 * r].item<int64_t>();
+  std::error_code ec;
+  const auto space = fs::space(s.dir, ec);
+  const int64_t avail = ec ? need : static_cast<int64_t>(space.available);
+  auto ok = at::tensor({static_cast<int64_t>(need <= avail)}, at::kLong);
+  world.allReduce(ok, comm::ReduceOp::Min).wait();
+  if (ok.item<int64_t>() == 1) return;
+  if (s.rank == 0) {
+    fs::remove_all(s.dir, ec);
+  }
+  LT_CHECK(false, "checkpoint ", s.dir.string(), " not written: ",
+           need > avail ? "it needs " + mibText(need) + " on this rank's disk, which has " + mibText(avail) + " free"
+                        : std::string("another rank's disk is too full for its files"),
+           " (is the disk full? free space, lower train.checkpoint.keep_last, or choose another train.checkpoint.dir)");
+}
+
 // Collective (one barrier): rank 0 prepares the directory. With `copy`, the state is copied
 // (the engine may train on while it is written); else the tensors alias the live state.
 Snapshot takeSnapshot(train::Engine& e, const std::string& root, int64_t keepLast, const std::string& runId,
@@ -310,34 +344,48 @@ Snapshot takeSnapshot(train::Engine& e, const std::string& root, int64_t keepLas
     m.config = json::parse(cfg.source);
     for (const auto& p : meta) m.params.push_back({p.name, p.shape});
   }
+  checkFreeSpace(s, world);
   return s;
 }
 
-// Writes this rank's file and its digest (`rank-R.done`: bytes, CRC, loader cursor). Rank 0
-// then waits for every rank's digest, writes the manifest and prunes. No collectives, so it
-// can run on a background thread while training goes on; the ranks share the directory.
-// `diagnose` (synchronous saves: the training thread may use the heartbeat) explains a
-// timeout, e.g. "lost rank(s): 1".
-void writeSnapshot(const Snapshot& s, const StageHook& hook, const std::atomic<bool>* cancel = nullptr,
-                   const std::function<std::string()>& diagnose = {}) {
-  FileDigest d = writeSafetensors((s.dir / rankFileName(s.rank, s.world)).string(), s.tensors,
-                                  {{"longtrain.rank", std::to_string(s.rank)}, {"longtrain.step", std::to_string(s.step)}},
-                                  [&] { if (hook) hook("rank_file_fsynced"); });
-  if (hook) hook("rank_file_renamed");
-  {
+std::string failedName(int rank) { return fmt::format("rank-{:05d}.failed", rank); }
+
+// Writes this rank's file and its digest (`rank-R.done`: bytes, CRC, loader cursor). A rank
+// that cannot leaves `rank-R.failed` with the reason instead, so rank 0 learns it at once.
+void writeRankFiles(const Snapshot& s, const StageHook& hook) {
+  try {
+    FileDigest d = writeSafetensors((s.dir / rankFileName(s.rank, s.world)).string(), s.tensors,
+                                    {{"longtrain.rank", std::to_string(s.rank)}, {"longtrain.step", std::to_string(s.step)}},
+                                    [&] { if (hook) hook("rank_file_fsynced"); });
+    if (hook) hook("rank_file_renamed");
     const std::string t = fmt::format("{} {} {}\n", d.bytes, d.crc32c, s.cursor);
     AtomicFile f((s.dir / doneName(s.rank)).string());
     f.write(t.data(), t.size());
     f.commit();
+  } catch (const lt::Error& e) {
+    std::ofstream((s.dir / failedName(s.rank)).string()) << e.what() << "\n";
+    throw;
   }
-  if (s.rank != 0) return;
+}
 
+// Rank 0: waits for every rank's digest, writes the manifest and prunes. No collectives, so
+// it can run on a background thread while training goes on; the ranks share the directory.
+// `diagnose` (synchronous saves: the training thread may use the heartbeat) explains a
+// timeout, e.g. "lost rank(s): 1".
+void commitManifest(const Snapshot& s, const StageHook& hook, const std::atomic<bool>* cancel,
+                    const std::function<std::string()>& diagnose) {
   Manifest m = s.manifest;
   const auto deadline = std::chrono::steady_clock::now() + s.timeout;
   for (int q = 0; q < s.world; ++q) {
     const fs::path done = s.dir / doneName(q);
     while (!fs::exists(done)) {
       LT_CHECK(!cancel || !*cancel, "checkpoint ", s.dir.string(), ": abandoned (the run is ending on an error)");
+      if (fs::exists(s.dir / failedName(q))) {
+        std::ifstream in(s.dir / failedName(q));
+        std::string why;
+        std::getline(in, why);
+        LT_CHECK(false, "checkpoint ", s.dir.string(), ": rank ", q, " could not write its file: ", why);
+      }
       if (std::chrono::steady_clock::now() > deadline) {
         std::string missing;
         for (int k = q; k < s.world; ++k)
@@ -365,6 +413,27 @@ void writeSnapshot(const Snapshot& s, const StageHook& hook, const std::atomic<b
   prune(s.root, s.keepLast, s.step, hook);
 }
 
+void writeSnapshot(const Snapshot& s, const StageHook& hook, const std::atomic<bool>* cancel) {
+  writeRankFiles(s, hook);
+  if (s.rank == 0) commitManifest(s, hook, cancel, {});
+}
+
+// Collective: every rank learns whether every rank wrote its file; if not, each throws (its
+// own reason, or which ranks failed) and rank 0 removes the partial directory, so no rank
+// waits out a timeout for a file that will never come.
+void agreeWritten(const Snapshot& s, comm::Comm& world, const std::string& myError) {
+  auto mine = at::tensor({static_cast<int64_t>(!myError.empty())}, at::kLong), all = at::empty({world.size()}, at::kLong);
+  world.allGather(all, mine).wait();
+  std::string failed;
+  for (int r = 0; r < world.size(); ++r)
+    if (all[r].item<int64_t>()) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+  if (failed.empty()) return;
+  std::error_code ec;
+  if (s.rank == 0) fs::remove_all(s.dir, ec);  // incomplete either way; its space goes back
+  LT_CHECK(false, "checkpoint ", s.dir.string(), " failed on rank(s) ", failed, " and was removed",
+           myError.empty() ? std::string(" (their own messages say why)") : ": " + firstLine(myError));
+}
+
 }  // namespace
 
 std::string save(train::Engine& e, const std::string& root, int64_t keepLast, const StageHook& hook,
@@ -372,8 +441,15 @@ std::string save(train::Engine& e, const std::string& root, int64_t keepLast, co
   trace::Scope ts("checkpoint", "save (sync) to " + root);
   Snapshot s = takeSnapshot(e, root, keepLast, runId, /*copy=*/false);
   auto world = e.groups().world;
-  writeSnapshot(s, hook, nullptr, [&] { return world->diagnoseFailure(); });
-  e.groups().world->barrier();  // on return, the checkpoint is complete on every rank
+  std::string error;
+  try {
+    writeRankFiles(s, hook);
+  } catch (const lt::Error& ex) {
+    error = ex.what();
+  }
+  agreeWritten(s, *world, error);
+  if (s.rank == 0) commitManifest(s, hook, nullptr, [&] { return world->diagnoseFailure(); });
+  world->barrier();  // on return, the checkpoint is complete on every rank
   return s.dir.string();
 }
 
@@ -408,6 +484,19 @@ std::string AsyncSaver::save(train::Engine& e, const std::string& root, int64_t 
 void AsyncSaver::wait() {
   if (thread_.joinable()) thread_.join();
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+void checkWritable(const std::string& root) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  LT_CHECK(!ec, "train.checkpoint.dir='", root, "' cannot be created: ", ec.message(),
+           "; choose a directory this user can write");
+  const fs::path probe = fs::path(root) / fmt::format(".longtrain-write-test-{}", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int err = errno;
+  if (fd >= 0) ::close(fd), ::unlink(probe.c_str());
+  LT_CHECK(fd >= 0, "train.checkpoint.dir='", root, "' is not writable: ", std::strerror(err),
+           "; fix its permissions or mount, or choose another directory (found at start-up, before any step)");
 }
 
 std::string findLatest(const std::string& root, const std::string& runId) {

@@ -111,6 +111,10 @@ class AsyncSaver {
   std::atomic<bool> cancel_{false};
 };
 
+// Creates `root` if missing and checks this process can write there; an lt::Error naming the
+// directory and the reason otherwise (start-up, so a read-only mount is found before step 1).
+void checkWritable(const std::string& root);
+
 // The newest complete checkpoint under `root` ("" if none); with runId, the newest one that
 // launch wrote (a restart must not pick up another run's checkpoints).
 std::string findLatest(const std::string& root, const std::string& runId = "");

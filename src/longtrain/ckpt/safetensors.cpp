@@ -40,6 +40,12 @@ void AtomicFile::write(const void* data, size_t n) {
   while (n > 0) {
     ssize_t w = ::write(fd_, p, std::min<size_t>(n, 1 << 30));
     if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == ENOSPC) {
+      std::error_code ec;
+      const auto space = fs::space(fs::path(tmp_).parent_path(), ec);
+      LT_CHECK(false, "writing '", tmp_, "' failed: ", std::strerror(ENOSPC), " (the disk is full: ", n,
+               " more bytes to write, ", ec ? 0 : space.available, " bytes free)");
+    }
     LT_CHECK(w > 0, "writing '", tmp_, "' failed: ", std::strerror(errno), " (is the disk full?)");
     p += w;
     n -= static_cast<size_t>(w);

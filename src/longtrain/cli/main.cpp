@@ -206,6 +206,7 @@ int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
     LT_CHECK(!resume.empty(), "--resume without a directory needs train.checkpoint.dir in the config");
   }
   if (!resume.empty() && !inRank) (void)lt::ckpt::resolve(resume);  // fail before launching anything
+  if (!inRank && !cfg.train.checkpoint.dir.empty()) lt::ckpt::checkWritable(cfg.train.checkpoint.dir);
   LT_CHECK(fl.maxRestarts == 0 || !cfg.train.checkpoint.dir.empty(), "--max-restarts ", fl.maxRestarts,
            " needs train.checkpoint.dir (and every_steps), or a restart would start over from step 0");
   if (!inRank && (nproc > 1 || fl.maxRestarts > 0 || fl.nnodes > 1 || !fl.masterAddr.empty()))

@@ -379,6 +379,7 @@ Config parseConfig(const json& j, int worldSize) {
       c.train.checkpoint.everySteps = k.getInt("every_steps", 0, 0, kBig);
       c.train.checkpoint.keepLast = k.getInt("keep_last", 0, 0, kBig);
       c.train.checkpoint.async = k.getBool("async", false);
+      c.train.checkpoint.onError = k.getEnum("on_error", "stop", {"stop", "warn"});
       k.finish();
       LT_CHECK(c.train.checkpoint.everySteps == 0 || !c.train.checkpoint.dir.empty(),
                "config key 'train.checkpoint.every_steps' = ", c.train.checkpoint.everySteps,

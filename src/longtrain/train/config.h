@@ -72,6 +72,7 @@ struct CheckpointConfig {
   int64_t everySteps = 0;  // 0: never (except on request)
   int64_t keepLast = 0;    // complete checkpoints kept; 0: all
   bool async = false;      // copy the state, write it on a background thread (ckpt::AsyncSaver)
+  std::string onError = "stop";  // a failed save: "stop" every rank, or "warn" and train on
 };
 
 struct TrainSection {

@@ -18,6 +18,7 @@
 #include "longtrain/core/cpu.h"
 #include "longtrain/core/memory.h"
 #include "longtrain/core/stop.h"
+#include "longtrain/core/strings.h"
 #include "longtrain/core/trace.h"
 #include "longtrain/data/tokenizer.h"
 #include "longtrain/model/generate.h"
@@ -88,6 +89,40 @@ int agreedStopSignal(comm::Comm& world) {
   return static_cast<int>(t.item<int64_t>());
 }
 
+// An async save's outcome, agreed by every rank ("" when every rank's write succeeded).
+std::string agreedAsyncOutcome(ckpt::AsyncSaver& saver, comm::Comm& world) {
+  std::string error;
+  try {
+    saver.wait();
+  } catch (const lt::Error& e) {
+    error = firstLine(e.what());
+  }
+  auto failed = at::tensor({static_cast<int64_t>(!error.empty())}, at::kLong);
+  world.allReduce(failed, comm::ReduceOp::Max).wait();
+  if (failed.item<int64_t>() && error.empty()) error = "the previous checkpoint failed on another rank";
+  return error;
+}
+
+// One save at the end of step `step`. Returns "" or, under on_error "warn", what failed;
+// under "stop" a failure throws on every rank.
+std::string saveCheckpoint(Engine& engine, ckpt::AsyncSaver& saver, const TrainOptions& opts, std::string& dir) {
+  const auto& ck = engine.config().train.checkpoint;
+  std::string error;
+  try {
+    if (ck.async) {
+      error = agreedAsyncOutcome(saver, *engine.groups().world);
+      LT_CHECK(error.empty() || ck.onError == "warn", error);
+      dir = saver.save(engine, ck.dir, ck.keepLast, opts.checkpointHook, opts.runId);
+    } else {
+      dir = ckpt::save(engine, ck.dir, ck.keepLast, opts.checkpointHook, opts.runId);
+    }
+  } catch (const lt::Error& e) {
+    if (ck.onError != "warn") throw;
+    error = firstLine(e.what());
+  }
+  return error;
+}
+
 }  // namespace
 
 // Every rank's trace events to rank 0, which writes one file (a Perfetto process per rank).
@@ -119,9 +154,10 @@ void writeTrace(const comm::Groups& groups, const std::string& path) {
 TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOptions& opts) {
   const bool lead = groups.world->rank() == 0;
   if (!opts.tracePath.empty()) trace::enable(groups.world->rank());
+  const auto& ck = cfg.train.checkpoint;
+  if (!ck.dir.empty()) ckpt::checkWritable(ck.dir);  // a read-only dir is found now, not at the first save
   Engine engine(cfg, groups);
   std::string from = opts.resume;
-  const auto& ck = cfg.train.checkpoint;
   if (opts.restarted && !ck.dir.empty())
     if (std::string latest = ckpt::findLatest(ck.dir, opts.runId); !latest.empty()) from = latest;
   if (from.empty() && !opts.restarted && ck.everySteps > 0) {
@@ -215,16 +251,21 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
     }
     const int stop = agreedStopSignal(*groups.world);
     double ckptS = -1;
+    std::string ckptError;
     const bool cadence = ck.everySteps > 0 && (m.step % ck.everySteps == 0 || m.step == cfg.train.steps);
     if (cadence || (stop && !ck.dir.empty())) {
       auto t0 = std::chrono::steady_clock::now();
-      std::string dir = ck.async ? saver.save(engine, ck.dir, ck.keepLast, opts.checkpointHook, opts.runId)
-                                 : ckpt::save(engine, ck.dir, ck.keepLast, opts.checkpointHook, opts.runId);
+      std::string dir;
+      ckptError = saveCheckpoint(engine, saver, opts, dir);
       ckptS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       sum.checkpointSeconds += ckptS;
-      if (lead)
+      sum.failedSaves += !ckptError.empty();
+      if (lead && ckptError.empty())
         std::printf("checkpoint: step %lld -> %s (%s %.2f s)\n", (long long)m.step, dir.c_str(),
                     ck.async ? "copied in, writing in the background;" : "written in", ckptS);
+      if (lead && !ckptError.empty())
+        std::printf("checkpoint: step %lld FAILED: %s (train.checkpoint.on_error \"warn\": training goes on, the "
+                    "next save tries again)\n", (long long)m.step, ckptError.c_str());
     }
     // The first step pays one-time costs (allocation, thread pools): left out of throughput.
     if (s > sum.firstStep || cfg.train.steps == sum.firstStep + 1) {
@@ -275,6 +316,7 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
           j["worker_adam_s"] = m.zero.workerAdamSeconds;
         }
         if (ckptS >= 0) j["checkpoint_s"] = ckptS;
+        if (!ckptError.empty()) j["checkpoint_error"] = ckptError;
         if (evalNow) {
           j["eval_loss"] = e.loss;
           j["eval_accuracy"] = e.accuracy;
@@ -301,7 +343,12 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
   }
   if (ck.async) {
     auto t0 = std::chrono::steady_clock::now();
-    saver.wait();  // the last checkpoint is complete before the run reports done
+    // The last checkpoint is complete before the run reports done (or every rank says why not).
+    if (const std::string e = agreedAsyncOutcome(saver, *groups.world); !e.empty()) {
+      LT_CHECK(ck.onError == "warn", e);
+      ++sum.failedSaves;
+      if (lead) std::printf("checkpoint: the last save FAILED: %s\n", e.c_str());
+    }
     sum.checkpointSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   if (!opts.tracePath.empty()) {

@@ -31,6 +31,7 @@ struct TrainSummary {
   int64_t firstStep = 0;         // 0, or the step resumed from
   double checkpointSeconds = 0;  // spent saving checkpoints
   int stopSignal = 0;            // SIGTERM / SIGINT ended the run early (after a checkpoint)
+  int64_t failedSaves = 0;       // checkpoint saves that failed (train.checkpoint.on_error "warn")
 };
 
 TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOptions& opts);

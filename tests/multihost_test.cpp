@@ -1,0 +1,288 @@
+// Several hosts and the faults between them, through the CLI as a user runs it. Two hosts are
+// two network namespaces joined by a veth pair (scripts/netns_hosts.sh; root and iproute2's
+// `ip`); where they cannot be made the tests report SKIPPED with the reason, never passed.
+// The rest (job identity, a port another job holds, preemption) needs no namespace.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "longtrain/comm/launch.h"
+
+#include "testing.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using lt::testing::runCommand;
+
+const std::string kBin = LONGTRAIN_BIN;
+const std::string kHosts = std::string("bash ") + LONGTRAIN_SOURCE_DIR + "/scripts/netns_hosts.sh";
+
+json smallConfig(int steps) {
+  json j = lt::testing::tinyTrainConfig();
+  j["train_micro_batch_size_per_gpu"] = 2;
+  j["sequence_parallel_size"] = 2;
+  j["train"] = {{"steps", steps}, {"threads", 1}, {"comm_timeout_s", 5}, {"eval_every", 0}};
+  return j;
+}
+
+// A shell script (subshells, background jobs) under runCommand's timeout.
+lt::testing::CommandResult runScript(const std::string& script) {
+  static int n = 0;
+  const fs::path f = fs::temp_directory_path() / ("longtrain_multihost_script_" + std::to_string(::getpid()) + "_" +
+                                                  std::to_string(n++) + ".sh");
+  std::ofstream(f) << script << "\n";
+  auto r = runCommand("bash " + f.string());
+  fs::remove(f);
+  return r;
+}
+
+std::vector<double> losses(const fs::path& metrics) {
+  std::vector<double> v;
+  std::ifstream f(metrics);
+  for (std::string line; std::getline(f, line);) v.push_back(json::parse(line)["loss"].get<double>());
+  return v;
+}
+
+// Two namespaces <name>a (10.<subnet>.1) and <name>b (10.<subnet>.2), removed on destruction.
+class TwoHosts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const int pid = static_cast<int>(::getpid());
+    name_ = "lt" + std::to_string(pid % 100000);
+    subnet_ = std::to_string(100 + pid % 150) + "." + std::to_string((pid / 150) % 250);
+    if (::geteuid() != 0) GTEST_SKIP() << "two-host tests need root (network namespaces)";
+    if (runScript("command -v ip").code != 0) GTEST_SKIP() << "two-host tests need `ip` (Debian iproute2)";
+    auto up = runCommand(kHosts + " up " + name_ + " " + subnet_);
+    if (up.code != 0) {
+      runCommand(kHosts + " down " + name_);
+      GTEST_SKIP() << "cannot create network namespaces here: " << up.out;
+    }
+    made_ = true;
+    dir_ = lt::testing::freshTempDir("longtrain_multihost_" + std::to_string(pid));
+  }
+  void TearDown() override {
+    if (made_) runCommand(kHosts + " down " + name_);
+  }
+  std::string addr(char host) const { return "10." + subnet_ + (host == 'a' ? ".1" : ".2"); }
+  // The command line of node `node` (2 ranks per node), run inside its namespace.
+  std::string node(int node, const fs::path& cfg, const std::string& extra) const {
+    return "ip netns exec " + name_ + (node == 0 ? "a " : "b ") + kBin + " train " + cfg.string() +
+           " --nnodes 2 --nproc-per-node 2 --master-addr " + addr('a') + " --master-port 29400 --rdzv-id " + name_ +
+           " --rdzv-timeout 30 --node-rank " + std::to_string(node) + " " + extra;
+  }
+  std::string name_, subnet_;
+  fs::path dir_;
+  bool made_ = false;
+};
+
+TEST_F(TwoHosts, SpTimesDpMatchesOneHostBitForBit) {
+  auto cfg = lt::testing::writeJsonFile(dir_.filename().string(), "c.json", smallConfig(6));
+  auto two = runScript("(" + node(1, cfg, "") + " > " + (dir_ / "n1.log").string() + " 2>&1 &) ; " +
+                        node(0, cfg, "--metrics " + (dir_ / "two.jsonl").string()));
+  ASSERT_EQ(two.code, 0) << two.out;
+  EXPECT_NE(two.out.find("gloo binds " + addr('a')), std::string::npos) << two.out;
+  auto one = runCommand(kBin + " train " + cfg.string() + " --nproc 4 --metrics " + (dir_ / "one.jsonl").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  const auto a = losses(dir_ / "two.jsonl"), b = losses(dir_ / "one.jsonl");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;  // bit-identical
+}
+
+// A host's ranks and launcher vanish (SIGKILL) mid-run: node 0's ranks name them and their
+// host, its launcher names the lost node, and everything on node 0 ends within the bound.
+TEST_F(TwoHosts, LostHostIsNamedWithinTheTimeout) {
+  auto cfg = lt::testing::writeJsonFile(dir_.filename().string(), "c.json", smallConfig(100000));
+  const std::string metrics = (dir_ / "m.jsonl").string();
+  auto r = runScript("(" + node(1, cfg, "") + " > /dev/null 2>&1 &) ; (" + node(0, cfg, "--metrics " + metrics) +
+                      "; echo \"node0 exit $? at $(date +%s.%N)\") & "
+                      "for i in $(seq 1 300); do [ -s " + metrics + " ] && break; sleep 0.1; done; "
+                      "pkill -KILL -f -- '" + cfg.string() + ".*--node-rank 1'; echo \"killed at $(date +%s.%N)\"; wait");
+  auto at = [&](const std::string& tag) {
+    auto p = r.out.find(tag);
+    return p == std::string::npos ? -1.0 : std::stod(r.out.substr(p + tag.size()));
+  };
+  ASSERT_GT(at("killed at "), 0) << r.out;
+  EXPECT_NE(r.out.find("node0 exit 1"), std::string::npos) << r.out;
+  const double seconds = at("node0 exit 1 at ") - at("killed at ");
+  EXPECT_LT(seconds, 5 + 10) << r.out;                   // train.comm_timeout_s + 10
+  EXPECT_NE(r.out.find("lost rank(s): 2 (host"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(addr('b')), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("node 1's launcher stopped"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("a slow rank"), std::string::npos) << r.out;
+}
+
+// One rank dies; --max-restarts makes both nodes' launchers tear down and re-rendezvous, and
+// the resumed run's losses equal an uninterrupted one's.
+TEST_F(TwoHosts, RestartOnEveryNodeResumesExactly) {
+  json j = smallConfig(8);
+  j["train"]["checkpoint"] = {{"dir", (dir_ / "ck").string()}, {"every_steps", 2}};
+  auto cfg = lt::testing::writeJsonFile(dir_.filename().string(), "c.json", j);
+  const std::string metrics = (dir_ / "m.jsonl").string();
+  auto r = runScript("(LONGTRAIN_FAULT_KILL_RANK=3 LONGTRAIN_FAULT_KILL_STEP=5 " + node(1, cfg, "--max-restarts 1") +
+                      " > " + (dir_ / "n1.log").string() + " 2>&1 &) ; LONGTRAIN_FAULT_KILL_RANK=3 " +
+                      "LONGTRAIN_FAULT_KILL_STEP=5 " + node(0, cfg, "--max-restarts 1 --metrics " + metrics));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("restarting the job"), std::string::npos) << r.out;
+  json plain = smallConfig(8);
+  auto pcfg = lt::testing::writeJsonFile(dir_.filename().string(), "plain.json", plain);
+  auto one = runCommand(kBin + " train " + pcfg.string() + " --nproc 4 --metrics " + (dir_ / "one.jsonl").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  auto a = losses(metrics), b = losses(dir_ / "one.jsonl");
+  ASSERT_EQ(b.size(), 8u);
+  ASSERT_GE(a.size(), 8u);  // steps 5.. of the first attempt, then the resumed 5..8
+  std::vector<double> last(a.end() - 4, a.end());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(last[i], b[4 + i]) << "step " << 5 + i;
+}
+
+// Two torchrun-style ranks, one with another --set: both stop before training, naming the key.
+TEST(JobIdentity, RanksThatDisagreeStopNamingTheKey) {
+  auto dir = lt::testing::freshTempDir("longtrain_identity_" + std::to_string(::getpid()));
+  auto cfg = lt::testing::writeJsonFile(dir.filename().string(), "c.json", smallConfig(3));
+  const std::string env = "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(lt::comm::findFreePort());
+  auto r = runScript("(" + env + " RANK=1 " + kBin + " train " + cfg.string() + " --set optimizer.params.lr=0.02; " +
+                      "echo rank1 exit $?) & " + env + " RANK=0 " + kBin + " train " + cfg.string() +
+                      "; echo rank0 exit $?; wait");
+  EXPECT_NE(r.out.find("rank0 exit 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank1 exit 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("optimizer.params.lr: rank 0 = 0.01; rank 1 = 0.02"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("step 1/"), std::string::npos) << r.out;
+}
+
+// A second job started on the first one's MASTER_PORT fails at once and the first finishes.
+TEST(JobIdentity, SecondJobOnAPortInUseIsRefused) {
+  auto dir = lt::testing::freshTempDir("longtrain_port_" + std::to_string(::getpid()));
+  auto longCfg = lt::testing::writeJsonFile(dir.filename().string(), "long.json", smallConfig(600));
+  auto shortCfg = lt::testing::writeJsonFile(dir.filename().string(), "short.json", smallConfig(2));
+  const std::string env = "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(lt::comm::findFreePort());
+  const std::string first = "(" + env + " RANK=0 " + kBin + " train " + longCfg.string() + " --metrics " +
+                            (dir / "first.jsonl").string() + "; echo first0 exit $?) & (" + env + " RANK=1 " + kBin +
+                            " train " + longCfg.string() + "; echo first1 exit $?) & ";
+  const std::string wait = "for i in $(seq 1 300); do [ -s " + (dir / "first.jsonl").string() +
+                           " ] && break; sleep 0.1; done; ";
+  const std::string second = "(" + env + " RANK=0 " + kBin + " train " + shortCfg.string() + "; echo second0 exit $?)" +
+                             "; (" + env + " RANK=1 " + kBin + " train " + shortCfg.string() + "; echo second1 exit $?)";
+  auto r = runScript(first + wait + second + "; wait");
+  EXPECT_NE(r.out.find("second0 exit 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("is in use"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("second1 exit 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("another job uses that port"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("first0 exit 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("first1 exit 0"), std::string::npos) << r.out;
+}
+
+// SIGTERM to the launcher: every rank finishes its step, one checkpoint is saved, the exit code
+// is 143, and --resume continues to the same losses as an uninterrupted run.
+TEST(Preemption, SigtermCheckpointsAndResumesExactly) {
+  auto dir = lt::testing::freshTempDir("longtrain_preempt_" + std::to_string(::getpid()));
+  json j = smallConfig(3000);
+  j["sequence_parallel_size"] = 1;
+  j["train"]["checkpoint"] = {{"dir", (dir / "ck").string()}};
+  auto cfg = lt::testing::writeJsonFile(dir.filename().string(), "c.json", j);
+  const std::string metrics = (dir / "m.jsonl").string();
+  auto r = runScript(kBin + " train " + cfg.string() + " --nproc 2 --metrics " + metrics + " & L=$!; " +
+                      "for i in $(seq 1 300); do [ -s " + metrics + " ] && break; sleep 0.1; done; sleep 0.3; " +
+                      "kill -TERM $L; wait $L; echo \"exit $?\"");
+  EXPECT_NE(r.out.find("exit 143"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("stop: Terminated after step"), std::string::npos) << r.out;
+  const auto before = losses(metrics);
+  ASSERT_GT(before.size(), 0u);
+  ASSERT_LT(before.size(), 3000u) << "the run ended before the signal";
+  EXPECT_TRUE(fs::exists(dir / "ck" / fmt::format("step-{:08d}", before.size()))) << r.out;
+  j["train"]["steps"] = static_cast<int>(before.size()) + 5;
+  cfg = lt::testing::writeJsonFile(dir.filename().string(), "c.json", j);
+  auto resumed = runCommand(kBin + " train " + cfg.string() + " --nproc 2 --resume --metrics " + metrics);
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  json plain = j;
+  plain["train"].erase("checkpoint");
+  auto pcfg = lt::testing::writeJsonFile(dir.filename().string(), "plain.json", plain);
+  auto one = runCommand(kBin + " train " + pcfg.string() + " --nproc 2 --metrics " + (dir / "one.jsonl").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  const auto a = losses(metrics), b = losses(dir / "one.jsonl");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+}
+
+}  // namespace
+
+// A small tmpfs, mounted inside `unshare -m` (so only this test's processes see it). Fits two
+// checkpoints of smallConfig at 2 ranks (~0.35 MiB each with headers), not a third.
+class SmallDisk : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "the full-disk tests need root (mount a tmpfs in a mount namespace)";
+    dir_ = lt::testing::freshTempDir("longtrain_disk_" + std::to_string(::getpid()));
+    auto probe = runScript("unshare -m sh -c 'mount -t tmpfs -o size=64k tmpfs " + dir_.string() + "'");
+    if (probe.code != 0) GTEST_SKIP() << "cannot mount a tmpfs in a mount namespace here: " << probe.out;
+  }
+  // Runs `body` in a mount namespace where <dir>/mnt is a tmpfs of `size`.
+  lt::testing::CommandResult inSmallDisk(const std::string& size, const std::string& body) {
+    const std::string mnt = (dir_ / "mnt").string();
+    return runScript("mkdir -p " + mnt + "; unshare -m bash -c 'mount -t tmpfs -o " + size + " tmpfs " + mnt + " && " +
+                     body + "'");
+  }
+  fs::path dir_;
+};
+
+TEST_F(SmallDisk, FullDiskStopsEveryRankAndThePreviousCheckpointResumes) {
+  json j = smallConfig(12);
+  j["sequence_parallel_size"] = 1;
+  j["train"]["checkpoint"] = {{"dir", (dir_ / "mnt" / "ck").string()}, {"every_steps", 2}};
+  auto cfg = lt::testing::writeJsonFile(dir_.filename().string(), "c.json", j);
+  const std::string train = kBin + " train " + cfg.string() + " --nproc 2";
+  // The full run fails at step 6; then, on the same disk, --resume takes step 4 (the newest
+  // complete one) and runs to step 8 without saving.
+  auto r = inSmallDisk("size=700k", train + " --metrics " + (dir_ / "m.jsonl").string() + "; echo \"exit $?\"; " +
+                       "ls " + (dir_ / "mnt" / "ck").string() + "; " + train + " --resume --set train.steps=8 " +
+                       "--set train.checkpoint.every_steps=0 --metrics " + (dir_ / "m.jsonl").string());
+  EXPECT_NE(r.out.find("exit 1"), std::string::npos) << r.out;
+  for (int rank : {0, 1})
+    EXPECT_NE(r.out.find("error on rank " + std::to_string(rank) + ": checkpoint"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("MiB on this rank's disk, which has"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("did not finish writing"), std::string::npos) << r.out;  // no misleading timeout
+  EXPECT_NE(r.out.find("\nstep-00000004\n"), std::string::npos) << r.out;  // `ls` of the checkpoint root
+  EXPECT_EQ(r.out.find("\nstep-00000006\n"), std::string::npos) << "a partial step-6 directory was left:\n" << r.out;
+  EXPECT_NE(r.out.find("resume: from " + (dir_ / "mnt" / "ck" / "step-00000004").string()), std::string::npos) << r.out;
+  j["train"].erase("checkpoint");
+  j["train"]["steps"] = 8;
+  auto plain = lt::testing::writeJsonFile(dir_.filename().string(), "plain.json", j);
+  auto one = runCommand(kBin + " train " + plain.string() + " --nproc 2 --metrics " + (dir_ / "one.jsonl").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  const auto a = losses(dir_ / "m.jsonl"), b = losses(dir_ / "one.jsonl");
+  ASSERT_EQ(a.size(), 9u);  // steps 1-5 of the failed run, then the resumed 5-8
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(a[5 + i], b[4 + i]) << "step " << 5 + i;
+}
+
+TEST_F(SmallDisk, WarnTrainsOnAndRecordsEachFailedSave) {
+  json j = smallConfig(12);
+  j["sequence_parallel_size"] = 1;
+  j["train"]["checkpoint"] = {{"dir", (dir_ / "mnt" / "ck").string()}, {"every_steps", 2}, {"on_error", "warn"},
+                              {"async", true}};
+  auto cfg = lt::testing::writeJsonFile(dir_.filename().string(), "c.json", j);
+  auto r = inSmallDisk("size=700k", kBin + " train " + cfg.string() + " --nproc 2 --metrics " +
+                                        (dir_ / "m.jsonl").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  int failed = 0;
+  std::ifstream f(dir_ / "m.jsonl");
+  for (std::string line; std::getline(f, line);) failed += json::parse(line).contains("checkpoint_error");
+  EXPECT_EQ(failed, 4) << r.out;  // steps 6, 8, 10, 12
+  EXPECT_NE(r.out.find("step 6 FAILED"), std::string::npos) << r.out;
+}
+
+TEST_F(SmallDisk, ReadOnlyCheckpointDirIsFoundAtStartUp) {
+  json j = smallConfig(4);
+  j["sequence_parallel_size"] = 1;
+  j["train"]["checkpoint"] = {{"dir", (dir_ / "mnt").string()}, {"every_steps", 2}};
+  auto cfg = lt::testing::writeJsonFile(dir_.filename().string(), "c.json", j);
+  auto r = inSmallDisk("ro", kBin + " train " + cfg.string() + " --nproc 2");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("is not writable: Read-only file system"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("step 1/"), std::string::npos) << r.out;
+}
