@@ -196,7 +196,8 @@ int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
   if (rv.size == 1) {
     groups = lt::comm::makeGroups(c10::make_intrusive<c10d::HashStore>(), 0, 1, cfg.sequenceParallelSize, co);
   } else {
-    groups = lt::comm::makeGroups(rv.store, rv.rank, rv.size, cfg.sequenceParallelSize, co, rv.heartbeatStore);
+    groups = lt::comm::makeGroups(rv.store, rv.rank, rv.size, cfg.sequenceParallelSize, co, rv.heartbeatStore,
+                                  cfg.spLayout.R);
   }
   if (cfg.train.memoryBudget == 0) cfg.train.memoryBudget = lt::plan::memoryBudgetFor(cfg, rv.localSize);
   lt::train::TrainOptions to;
