@@ -1,12 +1,16 @@
 // sp/ring_attention and sp/layout: ring-only (U = 1) and Ulysses x ring (U = 2, R = 2) on 4
 // thread ranks, with and without zigzag, GQA and packed documents, and an odd sequence length
 // (padded and masked): loss and every gradient equal one rank on the whole sequence. Also the
-// U x R choice and its errors, and the engine under ZeRO-3 at P = 4 on a 2-head model.
+// U x R choice and its errors, the engine under ZeRO-3 at P = 4 on a 2-head model, and the CLI
+// at --nproc 4 against --nproc 1.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <fstream>
 
 #include "longtrain/compile/executor.h"
 #include "longtrain/core/check.h"
@@ -218,6 +222,41 @@ TEST(RingEngine, HybridWithZero3AndOddLengthMatchOneRank) {
     EXPECT_LE(worstLoss, Tol::kSequenceParallel);
     EXPECT_LE(worstParam, Tol::kAfterAdamSteps);
   }
+}
+
+// Through the CLI: 4 processes, SP 4 on a 2-head model (beyond the head count: U 2 x R 2,
+// zigzag) train 10 steps with the losses of one process.
+TEST(RingCli, FourProcessesOnATwoHeadModelMatchOne) {
+  auto j = lt::testing::tinyTrainConfig();
+  j["model"]["num_heads"] = 2;
+  j["model"]["num_kv_heads"] = 2;
+  j["data"]["eval_samples"] = 0;
+  j["train"] = {{"steps", 10}, {"threads", 1}, {"comm_timeout_s", 20}};
+  const std::string dir = "longtrain_ring_cli_" + std::to_string(getpid());
+  const auto cfg = lt::testing::writeJsonFile(dir, "ring.json", j);
+  const auto at = cfg.parent_path();
+  auto losses = [](const std::filesystem::path& p) {
+    std::vector<double> v;
+    std::ifstream f(p);
+    for (std::string line; std::getline(f, line);) v.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    return v;
+  };
+  const std::string bin = LONGTRAIN_BIN;
+  auto one = lt::testing::runCommand(bin + " train " + cfg.string() + " --nproc 1 --metrics " + (at / "one.jsonl").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  auto four = lt::testing::runCommand(bin + " train " + cfg.string() +
+                                      " --nproc 4 --set sequence_parallel_size=4 --metrics " + (at / "four.jsonl").string());
+  ASSERT_EQ(four.code, 0) << four.out;
+  EXPECT_NE(four.out.find("sp=4: Ulysses 2 x ring 2, zigzag"), std::string::npos) << four.out;
+  const auto a = losses(at / "one.jsonl"), b = losses(at / "four.jsonl");
+  ASSERT_EQ(a.size(), 10u);
+  ASSERT_EQ(b.size(), 10u);
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / a[i]);
+  std::printf("[ring] CLI --nproc 4 sp 4 (U2 x R2) vs --nproc 1: worst relative loss difference over 10 steps %.2e\n",
+              worst);
+  EXPECT_LE(worst, 1e-4);
+  std::filesystem::remove_all(at);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -135,6 +136,20 @@ void backwardSource(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 
 comm::Comm* commFrom(int64_t ptr) { return reinterpret_cast<comm::Comm*>(static_cast<intptr_t>(ptr)); }
 
+// Adds the seconds between construction and stop() to *sink (when there is one).
+class ComputeTimer {
+ public:
+  explicit ComputeTimer(int64_t sinkPtr) : sink_(reinterpret_cast<double*>(static_cast<intptr_t>(sinkPtr))) {}
+  void start() { t0_ = std::chrono::steady_clock::now(); }
+  void stop() {
+    if (sink_) *sink_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  double* sink_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 // Starts gathering every ring rank's [2, B, KV, n, D] K/V into `all` [R, 2, B, KV, n, D].
 comm::Work gatherKv(comm::Comm* ring, const at::Tensor& local, at::Tensor& all) {
   if (!ring || ring->size() == 1) return {};
@@ -148,8 +163,9 @@ struct RingFn : torch::autograd::Function<RingFn> {
   // rowIndex [M], rowStart [B, M] (empty: no documents), keyIndex [R n].
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& rowIndex, const at::Tensor& rowStart, const at::Tensor& keyIndex,
-                            int64_t ringPtr, int64_t chunk) {
+                            int64_t ringPtr, int64_t chunk, int64_t timerPtr) {
     at::NoGradGuard ng;
+    ComputeTimer timer(timerPtr);
     comm::Comm* ring = commFrom(ringPtr);
     const int R = ring ? ring->size() : 1, me = ring ? ring->rank() : 0;
     const int64_t n = k.size(2);
@@ -157,20 +173,25 @@ struct RingFn : torch::autograd::Function<RingFn> {
     comm::Work inFlight = gatherKv(ring, at::stack({k, v}), all);
     const Rows rows(rowIndex, rowStart);
     Softmax st(q);
+    timer.start();
     forwardSource(st, q, k, v, rows, keyIndex.slice(0, me * n, (me + 1) * n), chunk);
+    timer.stop();
     inFlight.wait();
+    timer.start();
     for (int t = 1; t < R; ++t) {
       const int src = (me + t) % R;
       forwardSource(st, q, all[src][0], all[src][1], rows, keyIndex.slice(0, src * n, (src + 1) * n), chunk);
     }
     auto out = st.acc / st.l;
     auto lse = st.m + at::log(st.l);
+    timer.stop();
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["rowIndex"] = rowIndex;
     ctx->saved_data["rowStart"] = rowStart;
     ctx->saved_data["keyIndex"] = keyIndex;
     ctx->saved_data["ring"] = ringPtr;
     ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["timer"] = timerPtr;
     return out;
   }
 
@@ -193,18 +214,23 @@ struct RingFn : torch::autograd::Function<RingFn> {
       backwardSource(q, ks, vs, dO, lse, delta, rows, keyIndex.slice(0, src * n, (src + 1) * n), chunk, dq,
                      dkv[src][0], dkv[src][1]);
     };
+    ComputeTimer timer(ctx->saved_data["timer"].toInt());
+    timer.start();
     source(me, k, v);
+    timer.stop();
     inFlight.wait();
+    timer.start();
     for (int t = 1; t < R; ++t) {
       const int src = (me + t) % R;
       source(src, all[src][0], all[src][1]);
     }
+    timer.stop();
     at::Tensor mine = dkv[0];
     if (R > 1) {  // each owner receives the sum over the ring of its shard's dK/dV
       mine = at::empty({2, k.size(0), k.size(1), n, k.size(3)}, k.options());
       ring->reduceScatter(mine, dkv).wait();
     }
-    return {dq, mine[0], mine[1], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq, mine[0], mine[1], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -228,19 +254,20 @@ at::Tensor ringAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   auto rowStart = in.documentStart.defined() ? in.documentStart.to(at::kLong).repeat({1, G}).contiguous()
                                              : at::empty({0}, at::kLong);
   auto o = RingFn::apply(qg.contiguous(), kk, vv, rowIndex, rowStart, in.keyIndex.to(at::kLong).contiguous(),
-                         static_cast<int64_t>(reinterpret_cast<intptr_t>(in.ring)), in.chunk);
+                         static_cast<int64_t>(reinterpret_cast<intptr_t>(in.ring)), in.chunk,
+                         static_cast<int64_t>(reinterpret_cast<intptr_t>(in.computeSeconds)));
   return o.view({B, H, n, D}).permute({0, 2, 1, 3});  // [B, n, H, D]
 }
 
 model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses, std::shared_ptr<comm::Comm> ring,
                                              const Layout& layout, int spRank, model::AttentionFn core,
-                                             int64_t chunk) {
+                                             int64_t chunk, double* computeSeconds) {
   LT_ASSERT((layout.U == 1) == (!ulysses || ulysses->size() == 1) && (layout.R == 1) == (!ring || ring->size() == 1));
   LT_ASSERT(layout.spRankOf(ring ? ring->rank() : 0, ulysses ? ulysses->rank() : 0) == spRank);
   if (layout.ulyssesOnly()) return ulyssesAttention(ulysses, core);
   if (layout.U == 1) ulysses = nullptr;
   if (layout.R == 1) ring = nullptr;
-  return [ulysses, ring, layout, chunk](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+  return [ulysses, ring, layout, chunk, computeSeconds](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                         const at::Tensor& pos) {
     const int64_t n = q.size(1), U = layout.U;
     const int ringRank = ring ? ring->rank() : 0;
@@ -269,6 +296,7 @@ model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses
     if (pos.defined()) in.documentStart = in.queryIndex.unsqueeze(0) - groupPos.to(at::kLong);
     in.ring = ring.get();
     in.chunk = chunk > 0 ? chunk : 256;
+    in.computeSeconds = computeSeconds;
     auto o = ringAttention(qq, kk, vv, in);  // [B, U n, H/U, Dh]
     return ulysses ? headsToSeq(o.contiguous(), ulysses.get()) : o;
   };

@@ -27,6 +27,9 @@ struct RingInputs {
   at::Tensor documentStart;  // [B, n] int64: first global position each query may see; undefined: 0
   comm::Comm* ring = nullptr;  // the ring group (R ranks); null: R = 1 (masked local attention)
   int64_t chunk = 256;         // query and key block edge
+  // If set, the seconds spent on tiles (forward and backward, not waiting for the ring) are
+  // added to it: benches measure the per-rank work (zigzag's balance) with it.
+  double* computeSeconds = nullptr;
 };
 
 // q [B, n, H, Dh], k and v [B, n, KV, Dh] (this rank's tokens; H a multiple of KV) ->
@@ -40,6 +43,6 @@ at::Tensor ringAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 // `spRank` is this rank's rank in the SP group; `chunk` the ring kernel's block edge (0: 256).
 model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses, std::shared_ptr<comm::Comm> ring,
                                              const Layout& layout, int spRank, model::AttentionFn core,
-                                             int64_t chunk = 0);
+                                             int64_t chunk = 0, double* computeSeconds = nullptr);
 
 }  // namespace lt::sp
