@@ -5,7 +5,7 @@
 // against one rank's fused attention on the whole sequence.
 // Non-obvious: ranks are threads with 1 intra-op thread each, so P ranks use min(P, cores)
 // cores; at P = 4 on 2 cores they oversubscribe (the step time then includes time-slicing).
-// Usage: bench_ring_attention [seq=8192] [heads=4] [kv_heads=2] [head_dim=64] [iters=2]
+// Usage: bench_ring_attention [seq=8192] [heads=4] [kv_heads=2] [head_dim=64] [iters=2] [chunk=256]
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -63,7 +63,7 @@ struct Result {
   double stepS = 0, computeMax = 0, computeMin = 0, maxErr = 0;
 };
 
-Result run(const Shape& s, const lt::sp::Layout& l, int iters, const at::Tensor& q, const at::Tensor& k,
+Result run(const Shape& s, const lt::sp::Layout& l, int iters, int64_t chunk, const at::Tensor& q, const at::Tensor& k,
            const at::Tensor& v, const at::Tensor& dO, const at::Tensor& refOut) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<double> step(l.P, 0), compute(l.P, 0), err(l.P, 0);
@@ -78,7 +78,7 @@ Result run(const Shape& s, const lt::sp::Layout& l, int iters, const at::Tensor&
       auto core = [](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, const at::Tensor&) {
         return lt::model::fusedAttention(a, b, c);
       };
-      auto attn = lt::sp::sequenceParallelAttention(g.spUlysses, g.spRing, l, r, core, 256, &seconds);
+      auto attn = lt::sp::sequenceParallelAttention(g.spUlysses, g.spRing, l, r, core, chunk, &seconds);
       auto idx = l.tokenIndex(r, s.S / l.P);
       auto mine = [&](const at::Tensor& t) { return t.index_select(1, idx).contiguous().requires_grad_(true); };
       auto qi = mine(q), ki = mine(k), vi = mine(v);
@@ -111,10 +111,11 @@ int main(int argc, char** argv) {
   auto arg = [&](int i, int64_t def) { return argc > i ? std::atoll(argv[i]) : def; };
   const Shape s{arg(1, 8192), arg(2, 4), arg(3, 2), arg(4, 64)};
   const int iters = static_cast<int>(arg(5, 2));
+  const int64_t chunk = arg(6, 256);
   const unsigned cores = std::thread::hardware_concurrency();
   std::printf("ring attention bench: seq %lld, %lld heads, %lld kv heads, head dim %lld, batch 1, fp32, %u cores "
-              "(P = 4 oversubscribes %u cores), %d timed iterations\n",
-              (long long)s.S, (long long)s.H, (long long)s.KV, (long long)s.D, cores, cores, iters);
+              "(P = 4 oversubscribes %u cores), %d timed iterations, ring blocks of %lld\n",
+              (long long)s.S, (long long)s.H, (long long)s.KV, (long long)s.D, cores, cores, iters, (long long)chunk);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
   auto q = at::randn({1, s.S, s.H, s.D}, gen), k = at::randn({1, s.S, s.KV, s.D}, gen),
        v = at::randn({1, s.S, s.KV, s.D}, gen), dO = at::randn({1, s.S, s.H, s.D}, gen);
@@ -136,7 +137,7 @@ int main(int argc, char** argv) {
       std::printf("| %d | R=%d %s | skipped: %s |\n", m.P, m.R, m.balance, e.what());
       continue;
     }
-    const Result r = run(s, l, iters, q, k, v, dO, ref);
+    const Result r = run(s, l, iters, chunk, q, k, v, dO, ref);
     char balance[64] = "n/a (fused core)";
     if (!l.ulyssesOnly())
       std::snprintf(balance, sizeof balance, "%.2f / %.2f = %.2fx", r.computeMax, r.computeMin,

@@ -101,8 +101,8 @@ void forwardSource(Softmax& st, const at::Tensor& q, const at::Tensor& k, const 
       if (tile == Tile::Skip) continue;
       auto s = tileScores(q, k, rows, keyIndex, r0, r1, c0, c1, tile);
       auto mNew = at::maximum(m, std::get<0>(s.max(-1, true)));
-      auto p = at::exp(s - mNew);
-      auto corr = at::exp(m - mNew);
+      auto p = s.sub_(mNew).exp_();  // in place: the scores are not needed again
+      auto corr = (m - mNew).exp_();
       l.mul_(corr).add_(p.sum(-1, true));
       acc.mul_(corr).add_(at::matmul(p, v.slice(2, c0, c1)));
       m.copy_(mNew);
@@ -125,9 +125,9 @@ void backwardSource(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
       const int64_t c1 = std::min(n, c0 + chunk);
       const Tile tile = classify(rows, r0, r1, keys, c0, c1);
       if (tile == Tile::Skip) continue;
-      auto p = at::exp(tileScores(q, k, rows, keyIndex, r0, r1, c0, c1, tile) - lsei);  // [B, KV, r, c]
+      auto p = tileScores(q, k, rows, keyIndex, r0, r1, c0, c1, tile).sub_(lsei).exp_();  // [B, KV, r, c]
       dv.slice(2, c0, c1).add_(at::matmul(p.transpose(-2, -1), dOi));
-      auto ds = p * (at::matmul(dOi, v.slice(2, c0, c1).transpose(-2, -1)) - deltai) * scale;
+      auto ds = at::matmul(dOi, v.slice(2, c0, c1).transpose(-2, -1)).sub_(deltai).mul_(p).mul_(scale);
       dq.slice(2, r0, r1).add_(at::matmul(ds, k.slice(2, c0, c1)));
       dk.slice(2, c0, c1).add_(at::matmul(ds.transpose(-2, -1), qi));
     }
