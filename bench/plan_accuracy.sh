@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/plan_accuracy.sh: the memory model against measured peak RSS. For each config (naive,
-# chunked or fused attention, fused kernels on/off, tiling on/off, 1k-16k tokens, SP = 1/2/4 process ranks, ZeRO-3 on/off)
+# chunked or fused attention, fused kernels on/off, tiling on/off, 1k-16k tokens, SP = 1/2/4 process ranks, ZeRO-3 on/off,
+# ring and Ulysses x ring SP)
 # it prints `longtrain plan`'s per-rank prediction, the peak RSS of 2 training steps (max over
 # ranks and steps, from --metrics) and the relative error. Model: bench/plan_base.json.
 # Each rank runs 1 intra-op thread (THREADS; memory does not depend on it, and on a shared
@@ -37,6 +38,8 @@ configs=(
   "zero3+SO fused   |2|16384|$F $L $T $Z $SO"
   "naive unfused    |1|2048 |$N $U"
   "chunk+loss unfused|1|8192 |$C $L $U"
+  "ring4 fused+loss+mlp|4|16384|$F $L $T --set sequence_parallel_ring_degree=4"
+  "U2xR2 fused+loss+mlp|4|16384|$F $L $T --set sequence_parallel_ring_degree=2"
 )
 printf "| %-3s | %-18s | %2s | %7s | %13s | %12s | %7s |\n" row config P seq_len predicted_MiB measured_MiB error
 printf "|%s|%s|%s|%s|%s|%s|%s|\n" ----- -------------------- ---- --------- --------------- -------------- ---------

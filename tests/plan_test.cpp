@@ -116,7 +116,7 @@ TEST(Plan, MaxSeqIsMonotoneInBudgetAndTight) {
 TEST(Plan, AblationLadderAddsOneOptionPerRung) {
   auto c = parse(planConfig(), 1, {"model.num_heads=2", "model.num_kv_heads=2"});
   auto ladder = lt::plan::ablationLadder(c);
-  ASSERT_EQ(ladder.size(), 7u);
+  ASSERT_EQ(ladder.size(), 8u);
   EXPECT_EQ(ladder[0].cfg.model.attention, "naive");
   EXPECT_EQ(ladder[0].cfg.model.lossChunk, 0);
   EXPECT_GT(ladder[1].cfg.model.lossChunk, 0);
@@ -125,12 +125,16 @@ TEST(Plan, AblationLadderAddsOneOptionPerRung) {
   EXPECT_TRUE(ladder[3].cfg.model.tiledMlp);
   EXPECT_EQ(ladder[4].world, 2);
   EXPECT_TRUE(ladder[4].skipped.empty());
-  EXPECT_NE(ladder[5].skipped.find("num_heads=2"), std::string::npos);  // 2 heads do not split over 4 ranks
+  // SP 4 on 2 heads: Ulysses 2 x ring 2 (DeepSpeed's Ulysses stops at the head count).
+  EXPECT_TRUE(ladder[5].skipped.empty());
+  EXPECT_EQ(ladder[5].cfg.spLayout.describe(), "Ulysses 2 x ring 2, zigzag");
+  EXPECT_EQ(ladder[7].world, 8);
+  EXPECT_EQ(ladder[7].cfg.spLayout.R, 4);
   EXPECT_EQ(ladder[6].cfg.zero.stage, 3);
   EXPECT_TRUE(ladder[6].cfg.zero.offloadOptimizer.superOffload);
   // Each rung fits at least as long a sequence as the one before, at the same budget.
   int64_t prev = 0;
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < 6; ++i) {
     const int64_t s = lt::plan::maxSeqLen(ladder[i].cfg, ladder[i].world, int64_t{400} << 20);
     EXPECT_GE(s, prev) << ladder[i].name;
     prev = s;

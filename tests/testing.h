@@ -123,7 +123,7 @@ inline double relErr(const at::Tensor& a, const at::Tensor& b) {
 // Runs fn(rank, groups) on `n` threads, each a rank with its own Gloo groups over a shared
 // HashStore. Rethrows the first exception on the calling thread.
 inline void runRanks(int n, int spSize, const std::function<void(int, comm::Groups&)>& fn,
-                     std::chrono::milliseconds timeout = std::chrono::milliseconds(30000)) {
+                     std::chrono::milliseconds timeout = std::chrono::milliseconds(30000), int spRingDegree = 1) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::thread> ts;
   std::exception_ptr first;
@@ -133,7 +133,7 @@ inline void runRanks(int n, int spSize, const std::function<void(int, comm::Grou
       try {
         comm::Options o;
         o.timeout = timeout;
-        comm::Groups g = comm::makeGroups(store, r, n, spSize, o);
+        comm::Groups g = comm::makeGroups(store, r, n, spSize, o, {}, spRingDegree);
         fn(r, g);
         g.world->barrier();
       } catch (...) {
@@ -159,14 +159,15 @@ struct TrainRun {
 // returns each rank's view.
 inline std::vector<TrainRun> trainOnRanks(const nlohmann::json& j, int world, int sp, int steps) {
   std::vector<TrainRun> out(world);
+  const train::Config cfg = train::parseConfig(j, world);
   runRanks(world, sp, [&](int r, comm::Groups& g) {
-    train::Engine e(train::parseConfig(j, world), g);
+    train::Engine e(cfg, g);
     for (int s = 0; s < steps; ++s) out[r].losses.push_back(e.step().loss);
     out[r].evalLoss = e.evaluate().loss;
     out[r].params = e.fullParameters();
     if (e.zero()) out[r].gatheredPeak = e.zero()->ledger().gatheredPeakBytes;
     out[r].program = e.program().listing();
-  });
+  }, std::chrono::milliseconds(30000), cfg.spLayout.R);
   return out;
 }
 

@@ -237,7 +237,8 @@ int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
   } else {
     const auto hosts = lt::comm::exchangeIdentity(*rv.store, rv.rank, rv.size, rankIdentity(cfg, rv.size, co.hostname),
                                                   timeout, rv.storeWhere);
-    groups = lt::comm::makeGroups(rv.store, rv.rank, rv.size, cfg.sequenceParallelSize, co, rv.heartbeatStore);
+    groups = lt::comm::makeGroups(rv.store, rv.rank, rv.size, cfg.sequenceParallelSize, co, rv.heartbeatStore,
+                                  cfg.spLayout.R);
     groups.liveness->setHosts(hosts);
     groups.liveness->setStoreWhere(rv.storeWhere);
   }

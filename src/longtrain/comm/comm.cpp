@@ -282,7 +282,7 @@ void Comm::barrier() {
 
 // ---------------------------------------------------------------------------- groups
 Groups makeGroups(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int spSize, Options opts,
-                  c10::intrusive_ptr<c10d::Store> heartbeatStore) {
+                  c10::intrusive_ptr<c10d::Store> heartbeatStore, int spRingDegree) {
   LT_CHECK(spSize >= 1 && size % spSize == 0, "sequence_parallel_size=", spSize,
            " must divide the world size ", size, "; choose a divisor of ", size);
   Groups g;
@@ -298,6 +298,20 @@ Groups makeGroups(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int
   g.dp = dpSize == size ? g.world
                         : std::make_shared<Comm>(store, spIndex, dpSize, opts, "dp" + std::to_string(spRank),
                                                  dpRanks, g.liveness);
+  LT_CHECK(spRingDegree >= 1 && spSize % spRingDegree == 0, "sequence_parallel_ring_degree=", spRingDegree,
+           " must divide sequence_parallel_size=", spSize);
+  const int U = spSize / spRingDegree, ringRank = spRank / U, uRank = spRank % U;
+  std::vector<int> uRanks, ringRanks;
+  for (int i = 0; i < U; ++i) uRanks.push_back(spIndex * spSize + ringRank * U + i);
+  for (int i = 0; i < spRingDegree; ++i) ringRanks.push_back(spIndex * spSize + i * U + uRank);
+  auto sub = [&](const std::string& name, int r, const std::vector<int>& members) -> std::shared_ptr<Comm> {
+    if (members.size() == 1) return nullptr;
+    if (static_cast<int>(members.size()) == spSize) return g.sp;
+    return std::make_shared<Comm>(store, r, static_cast<int>(members.size()), opts, name, members, g.liveness);
+  };
+  g.spUlysses = sub("sp" + std::to_string(spIndex) + "u" + std::to_string(ringRank), uRank, uRanks);
+  g.spRing = sub("sp" + std::to_string(spIndex) + "r" + std::to_string(uRank), ringRank, ringRanks);
+  if (spSize == 1) g.spUlysses = g.sp;
   return g;
 }
 

@@ -126,13 +126,16 @@ class Comm {
 
 // The world, sequence-parallel and data-parallel groups of one rank (DESIGN.md: SP groups
 // are contiguous ranks of size sp; DP groups join ranks with the same SP rank).
+// With spRingDegree R > 1 the SP group is also split (sp/layout.h) into Ulysses groups of
+// U = sp / R adjacent SP ranks and ring groups of R SP ranks striding by U.
 struct Groups {
   std::shared_ptr<Liveness> liveness;
   std::shared_ptr<Comm> world, sp, dp;
+  std::shared_ptr<Comm> spUlysses, spRing;  // R = 1: sp and null; U = 1: null and sp
 };
 
 Groups makeGroups(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int spSize, Options opts,
-                  c10::intrusive_ptr<c10d::Store> heartbeatStore = {});
+                  c10::intrusive_ptr<c10d::Store> heartbeatStore = {}, int spRingDegree = 1);
 
 // Rendezvous from a torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). A missing RANK means a single-rank run. The

@@ -67,15 +67,27 @@ struct Bytes {
 
 struct Dims {
   double B, S, P, s, D, H, KV, Dh, F, V, L, W;
+  double U, R;      // the SP layout (sp/layout.h): Ulysses x ring; S is the padded length
+  bool ring = false;  // the ring kernel is the attention core (R > 1 or zigzag)
   double blockN, embedN, headN, N, maxParam;
 };
+
+// From the keys, not c.spLayout: the ladder and the search change sequence_parallel_size.
+sp::Layout layoutOf(const train::Config& c) {
+  return sp::chooseLayout(c.sequenceParallelSize, c.model.heads, c.model.kvHeads, c.sequenceParallelRingDegree,
+                          c.sequenceParallelBalance);
+}
 
 Dims dimsOf(const train::Config& c, int world) {
   const auto& m = c.model;
   Dims d{};
   d.B = static_cast<double>(c.microBatch);
-  d.S = static_cast<double>(c.data.seqLen);
+  const sp::Layout lay = layoutOf(c);
+  d.S = static_cast<double>(lay.paddedLength(c.data.seqLen));
   d.P = c.sequenceParallelSize;
+  d.U = lay.U;
+  d.R = lay.R;
+  d.ring = !lay.ulyssesOnly();
   d.s = d.S / d.P;
   d.D = static_cast<double>(m.hidden);
   d.H = static_cast<double>(m.heads);
@@ -123,7 +135,26 @@ Bytes blockCost(const train::Config& c, const Dims& d, bool* attnPeak, Bytes* sa
   savedAttn.add(fusedOps ? 5 : 6, uD);
   savedAttn.add(fusedOps && c.model.attention == "fused" ? 4 : 3, uKV);
   if (fusedOps) savedAttn.add(1, d.D * (d.D + 2 * d.KV * d.Dh) * kF);
-  if (c.model.attention == "fused") {
+  if (d.ring) {
+    // RingFn (sp/ring_attention.cpp) is the core. Per rank it holds U s query tokens of H/U
+    // heads (uD bytes) and U s tokens of max(KV/U, 1) kv heads (uKVr). It saves q grouped under
+    // its kv head and its output (2 uD), the local k, v (2 uKVr) and the log-sum-exp; under
+    // Ulysses the all-to-alls' outputs too (q, k, v). Backward: the ring's K/V gathered again
+    // (2 R uKVr), dK/dV per source (2 R uKVr), the reduce-scatter's receive buffer (2 R uKVr),
+    // dO, dq (2 uD) and per tile the scores, p, dp, ds and a mask (5 [B, KV, c, c]).
+    const double ch = static_cast<double>(c.model.attentionChunk > 0 ? c.model.attentionChunk : 256);
+    const double uKVr = d.B * d.U * d.s * std::max(d.KV / d.U, 1.0) * d.Dh * kF;
+    savedAttn.add(2, uD);
+    savedAttn.add(2, uKVr);
+    savedAttn.add(1, d.B * d.H / d.U * d.U * d.s * kF);
+    if (d.U > 1) {
+      savedAttn.add(1, uD);
+      savedAttn.add(2, uKVr);
+    }
+    attnWork.add(6 * d.R, uKVr);
+    attnWork.add(2, uD);
+    attnWork.add(5, d.B * std::max(d.KV / d.U, 1.0) * ch * ch * kF);
+  } else if (c.model.attention == "fused") {
     // FusedAttentionFn saves its inputs and output and the log-sum-exp ([B, H/P, S]). On one
     // rank the inputs are the rotations and v above and the output is o_proj's input; under
     // Ulysses they are the all-to-all's outputs, held only by the kernel (q, out: 2 uD; k, v with
@@ -157,7 +188,7 @@ Bytes blockCost(const train::Config& c, const Dims& d, bool* attnPeak, Bytes* sa
     attnWork.add(2, uA);
     attnWork.add(3, uD);
   }
-  if (d.P > 1) attnWork.add(3, uD);  // all-to-all backward: contiguous gradient, send, receive
+  if (d.U > 1) attnWork.add(3, uD);  // all-to-all backward: contiguous gradient, send, receive
   // MLP half: rmsNorm (2 uD); untiled SwiGLU saves gate(x), silu(gate), up(x) and their
   // product (4 uF); TiledMLP saves only its input (already counted as m).
   // Fused: the norm saves 1 uD; the gate/up GEMM's output [B, S/P, 2F] is what the fused
@@ -369,7 +400,7 @@ int graphBlocksFor(const train::Config& c, int world, int64_t budgetBytes) {
   return k;
 }
 
-int64_t seqLenMultiple(const train::Config& c) { return c.sequenceParallelSize; }
+int64_t seqLenMultiple(const train::Config& c) { return layoutOf(c).unit(); }
 
 int64_t minSeqLen(const train::Config& c) {
   if (c.data.type == "kv_recall") return 1 + 2 * c.data.kvPairs + 2 * c.data.kvQueries;  // data.cpp's check
@@ -436,6 +467,7 @@ std::vector<Rung> ablationLadder(const train::Config& base) {
   r.cfg.model.lossChunk = 0;
   r.cfg.model.tiledMlp = false;
   r.cfg.sequenceParallelSize = 1;
+  r.cfg.sequenceParallelRingDegree = 0;  // each rung's layout is chosen from its P and the heads
   r.cfg.zero = train::ZeroConfig{};
   r.cfg.zero.subGroupSize = base.zero.subGroupSize;
   r.world = 1;
@@ -460,9 +492,7 @@ std::vector<Rung> ablationLadder(const train::Config& base) {
     r.cfg.sequenceParallelSize = P;
     r.world = P;
     r.sets[3] = "sequence_parallel_size=" + std::to_string(P);
-    if (base.model.heads % P != 0 || (base.model.kvHeads % P != 0 && P % base.model.kvHeads != 0))
-      r.skipped = "num_heads=" + std::to_string(base.model.heads) + " / num_kv_heads=" +
-                  std::to_string(base.model.kvHeads) + " do not split over " + std::to_string(P) + " ranks";
+    r.cfg.spLayout = layoutOf(r.cfg);  // beyond the head count: Ulysses x ring
     out.push_back(r);
   }
   r.name = "7 + ZeRO-3 + SuperOffload";
@@ -472,6 +502,15 @@ std::vector<Rung> ablationLadder(const train::Config& base) {
   r.sets[4] = "zero_optimization.stage=3";
   r.sets.push_back("zero_optimization.offload_optimizer.device=cpu");
   r.sets.push_back("zero_optimization.offload_optimizer.super_offload=true");
+  out.push_back(r);
+  // Beyond the head count (DeepSpeed's Ulysses stops at it): twice the heads, at least SP 8.
+  const int beyond = static_cast<int>(2 * std::max<int64_t>(4, base.model.heads));
+  r.cfg.sequenceParallelSize = beyond;
+  r.cfg.spLayout = layoutOf(r.cfg);
+  r.world = beyond;
+  r.name = "8 + SP=" + std::to_string(beyond) + " (" + std::to_string(r.cfg.spLayout.U) + "x" +
+           std::to_string(r.cfg.spLayout.R) + " ring)";
+  r.sets[3] = "sequence_parallel_size=" + std::to_string(beyond);
   out.push_back(r);
   return out;
 }

@@ -48,7 +48,7 @@ struct ModelState {
 };
 ModelState modelState(const train::Config& cfg, int world);
 
-// seq_len must be a multiple of this (the SP degree) ...
+// seq_len needs no padding at a multiple of this (P, or 2P with zigzag; others are padded) ...
 int64_t seqLenMultiple(const train::Config& cfg);
 // ... and at least this (kv_recall's BOS + pairs + queries; 2 otherwise).
 int64_t minSeqLen(const train::Config& cfg);
@@ -71,7 +71,9 @@ struct Rung {
 };
 // Rungs 1..7: baseline (naive attention, untiled loss and MLP, SP = 1, no ZeRO); + tiled
 // logits-loss; + chunked attention; + tiled MLP; + SP = 2; + SP = 4; + ZeRO-3 with
-// SuperOffload. Chunk sizes are the config's where set, else 256 (attention) and 256 (loss).
+// SuperOffload; 8: + SP = 2 x max(4, heads), beyond the head count (Ulysses x ring).
+// SP rungs split P by the head counts (sp/layout.h), so none is skipped for its heads.
+// Chunk sizes are the config's where set, else 256 (attention) and 256 (loss).
 std::vector<Rung> ablationLadder(const train::Config& base);
 
 }  // namespace lt::plan

@@ -115,6 +115,11 @@ data::Batch shardBatch(const data::Batch& whole, int rank, int size) {
 UlyssesLoader::UlyssesLoader(std::unique_ptr<BatchSource> src, std::shared_ptr<comm::Comm> sp)
     : src_(std::move(src)), sp_(std::move(sp)) {}
 
+UlyssesLoader::UlyssesLoader(std::unique_ptr<BatchSource> src, std::shared_ptr<comm::Comm> sp, const Layout& layout)
+    : src_(std::move(src)), sp_(std::move(sp)), layout_(layout) {
+  LT_ASSERT(layout.P == sp_->size());
+}
+
 int64_t UlyssesLoader::length() const {
   int64_t n = src_->length();
   return n < 0 ? -1 : n * sp_->size();
@@ -156,7 +161,7 @@ void UlyssesLoader::refill(const data::Batch* mine) {
              "their global positions)");
     LT_CHECK(sh[r][2] == S && sh[r][3] == S, "SP rank ", r, "'s batch: 'labels' (", sh[r][2], ") or 'position_ids' (",
              sh[r][3], ") length differs from 'input_ids' (", S, ")");
-    LT_CHECK(S % P == 0, "SP rank ", r, "'s batch has sequence length ", S, ", not divisible by ",
+    LT_CHECK(layout_ || S % P == 0, "SP rank ", r, "'s batch has sequence length ", S, ", not divisible by ",
              "sequence_parallel_size=", P, "; pad samples to a multiple of ", P);
     maxLen = std::max(maxLen, S);
   }
@@ -176,7 +181,7 @@ void UlyssesLoader::refill(const data::Batch* mine) {
     whole.input_ids = ids[r].slice(1, 0, S);
     whole.labels = labels[r].slice(1, 0, S);
     whole.position_ids = pos[r].slice(1, 0, S);
-    fifo_.push(shardBatch(whole, sp_->rank(), P));
+    fifo_.push(layout_ ? shardBatch(whole, sp_->rank(), *layout_) : shardBatch(whole, sp_->rank(), P));
   }
 }
 

@@ -15,6 +15,7 @@
 #include "longtrain/core/fifo.h"
 #include "longtrain/data/data.h"
 #include "longtrain/model/model.h"
+#include "longtrain/sp/layout.h"
 
 namespace lt::sp {
 
@@ -43,6 +44,8 @@ class LoaderSource : public BatchSource {
 class UlyssesLoader {
  public:
   UlyssesLoader(std::unique_ptr<BatchSource> src, std::shared_ptr<comm::Comm> sp);
+  // With a layout: shards by it (sp/layout.h: zigzag, any sequence length, padded and masked).
+  UlyssesLoader(std::unique_ptr<BatchSource> src, std::shared_ptr<comm::Comm> sp, const Layout& layout);
   // The next shard (input_ids, labels, position_ids, shift_labels all [B, S/P]); nullopt at
   // the end of an epoch, after which the source has been reset and the next call starts the
   // next epoch. Every SP rank must call it the same number of times.
@@ -56,6 +59,7 @@ class UlyssesLoader {
   std::unique_ptr<BatchSource> src_;
   std::shared_ptr<comm::Comm> sp_;
   Fifo<data::Batch> fifo_;
+  std::optional<Layout> layout_;  // none: contiguous shards, lengths must divide by P
 };
 
 // Shards one whole batch for SP rank `rank` of `size`: forms shift_labels (if absent) on the

@@ -244,6 +244,8 @@ Config parseConfig(const json& j, int worldSize) {
   c.stepsPerPrint = root.getInt("steps_per_print", 10, 1, kBig);
   c.seed = static_cast<uint64_t>(root.getInt("seed", 1234, 0, kBig));
   c.sequenceParallelSize = static_cast<int>(root.getInt("sequence_parallel_size", 1, 1, 1 << 20));
+  c.sequenceParallelRingDegree = static_cast<int>(root.getInt("sequence_parallel_ring_degree", 0, 0, 1 << 20));
+  c.sequenceParallelBalance = root.getEnum("sequence_parallel_balance", "auto", {"auto", "contiguous", "zigzag"});
   c.activationCheckpointing = root.getEnum("activation_checkpointing", "auto", {"auto", "all", "none"});
 
   {
@@ -389,6 +391,8 @@ Config parseConfig(const json& j, int worldSize) {
   }
   root.finish();
   resolveBatch(c, worldSize);
+  c.spLayout = sp::chooseLayout(c.sequenceParallelSize, c.model.heads, c.model.kvHeads, c.sequenceParallelRingDegree,
+                                c.sequenceParallelBalance);
   c.source = effectiveSource(j, c.model);
   return c;
 }

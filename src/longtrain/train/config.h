@@ -12,6 +12,7 @@
 
 #include "longtrain/compile/schedule.h"
 #include "longtrain/model/model.h"
+#include "longtrain/sp/layout.h"
 
 namespace lt::train {
 
@@ -105,6 +106,12 @@ struct Config {
   ZeroConfig zero;
   CompileConfig compile;
   int sequenceParallelSize = 1;
+  // sequence_parallel_ring_degree (0: chosen from the head counts) and sequence_parallel_balance
+  // ("auto": zigzag when the ring degree > 1, "contiguous", "zigzag"); spLayout is the
+  // resolved Ulysses x ring split (sp/layout.h).
+  int sequenceParallelRingDegree = 0;
+  std::string sequenceParallelBalance = "auto";
+  sp::Layout spLayout;
   // "auto": the memory model keeps as many blocks' graphs (no recompute) as fit
   // train.memory_budget; "all": every block is recomputed in backward; "none": none is.
   std::string activationCheckpointing = "auto";

@@ -18,6 +18,7 @@
 #include "longtrain/core/memory.h"
 #include "longtrain/model/attention.h"
 #include "longtrain/plan/memory_model.h"
+#include "longtrain/sp/ring_attention.h"
 #include "longtrain/train/lr_schedule.h"
 #include "longtrain/train/machine.h"
 
@@ -82,11 +83,11 @@ std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval) {
 Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std::move(groups)) {
   const int P = groups_.sp->size();
   LT_ASSERT(P == cfg_.sequenceParallelSize);
-  if (P > 1) {
-    sp::checkHeads(cfg_.model.heads, cfg_.model.kvHeads, P);
-    LT_CHECK(cfg_.data.seqLen % P == 0, "data.seq_len=", cfg_.data.seqLen, " is not divisible by ",
-             "sequence_parallel_size=", P, "; choose a multiple of ", P);
-  }
+  // Any P and seq_len: the layout splits P by the head counts and pads the sequence (sp/layout.h).
+  const sp::Layout& lay = cfg_.spLayout;
+  LT_CHECK(lay.R == 1 || (groups_.spRing && groups_.spRing->size() == lay.R), "the config resolves sequence ",
+           "parallelism to ", lay.describe(), " but the communicator groups were made without ring groups; ",
+           "pass spRingDegree=", lay.R, " to comm::makeGroups");
   LT_CHECK(cfg_.zero.stage == 0 || cfg_.zero.stage == 3, "zero_optimization.stage=", cfg_.zero.stage,
            ": stages 1 and 2 are not implemented; use 0 (plain data parallelism) or 3");
   LT_CHECK(cfg_.zero.offloadOptimizer.device == "none" || cfg_.zero.stage == 3,
@@ -117,7 +118,7 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
   if (P > 1) {
     auto src = std::make_unique<sp::LoaderSource>(std::make_unique<data::Loader>(train_, lo));
     spLoader_ = &src->loader();
-    ulysses_ = std::make_unique<sp::UlyssesLoader>(std::move(src), groups_.sp);
+    ulysses_ = std::make_unique<sp::UlyssesLoader>(std::move(src), groups_.sp, lay);
   } else {
     loader_ = std::make_unique<data::Loader>(train_, lo);
   }
@@ -205,7 +206,9 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
   }
   hooks.optimizerStep = [this] { optimizerStep(); };
   model::AttentionFn core = model::attentionCore(cfg_.model);
-  model::AttentionFn attn = P > 1 ? sp::ulyssesAttention(groups_.sp, core) : core;
+  model::AttentionFn attn = P > 1 ? sp::sequenceParallelAttention(groups_.spUlysses, groups_.spRing, cfg_.spLayout,
+                                                                   groups_.sp->rank(), core, cfg_.model.attentionChunk)
+                                   : core;
   exec_ = std::make_unique<compile::Executor>(*model_, attn, std::move(hooks));
 }
 
@@ -460,7 +463,7 @@ EvalMetrics Engine::evaluate() {
     if (chunk.empty()) return;
     data::Batch b = data::collate(chunk);
     b.shift_labels = data::shiftLabels(b.labels);
-    if (groups_.sp->size() > 1) b = sp::shardBatch(b, groups_.sp->rank(), groups_.sp->size());
+    if (groups_.sp->size() > 1) b = sp::shardBatch(b, groups_.sp->rank(), cfg_.spLayout);
     auto st = exec_->evaluate(program_, b);
     lossSum += st.lossSum;
     tokens += static_cast<double>(st.tokens);

@@ -203,8 +203,9 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
                 "(measured), allocator %s, %.3g model GFLOP/token\n",
                 blas.core.empty() ? "unknown" : blas.core.c_str(), blas.describe().c_str(),
                 at::get_num_threads(), engine.config().model.bf16Compute ? "bf16" : "fp32", gemmPeak / 1e9, allocatorName().c_str(), flopsPerToken / 1e9);
-    std::printf("longtrain: %d rank(s) (sp=%d, dp=%d), model %.2fM params (%lld layers, hidden %lld), data %s\n",
-                groups.world->size(), groups.sp->size(), groups.dp->size(), cfg.model.numParams() / 1e6,
+    std::printf("longtrain: %d rank(s) (sp=%d: %s, dp=%d), model %.2fM params (%lld layers, hidden %lld), data %s\n",
+                groups.world->size(), groups.sp->size(), cfg.spLayout.describe().c_str(), groups.dp->size(),
+                cfg.model.numParams() / 1e6,
                 (long long)cfg.model.layers, (long long)cfg.model.hidden, engine.dataset().describe().c_str());
     std::printf("longtrain: global batch %lld = micro %lld x accum %lld x dp %d, seq_len %lld, %lld steps\n",
                 (long long)cfg.trainBatchSize, (long long)cfg.microBatch, (long long)cfg.gradAccum,

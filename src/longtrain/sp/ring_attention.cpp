@@ -1,0 +1,305 @@
+// Ring attention: a blocked online softmax of the local query rows over the key blocks of
+// every ring rank's shard, local shard first (while the all-gather of the others flies).
+// Non-obvious: query heads are grouped under their kv head ([B, KV, G*n, D] rows), so GQA
+// reads each kv head once and dK/dV sum over the group inside the GEMMs; and each tile is
+// classified from its index bounds as skipped (no key visible), full (every key visible: no
+// mask built) or masked, so causal tiles above the diagonal cost nothing.
+#include "longtrain/sp/ring_attention.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "longtrain/core/check.h"
+#include "longtrain/sp/ulysses.h"
+
+namespace lt::sp {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// A running max that is never -inf, so a row with no visible key in a tile stays NaN-free.
+constexpr double kNoScore = -1e30;
+
+std::vector<int64_t> toVector(const at::Tensor& t) {
+  auto c = t.contiguous();
+  return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
+}
+
+// The query rows' global indices and document starts, and their bounds per row (over the batch).
+struct Rows {
+  at::Tensor index, start;  // [M], [B, M] (undefined: no documents)
+  std::vector<int64_t> idx, startMin, startMax;
+  Rows(const at::Tensor& index_, const at::Tensor& start_) : index(index_), idx(toVector(index_)) {
+    if (start_.numel() > 0) {
+      start = start_;
+      startMin = toVector(std::get<0>(start_.min(0)));
+      startMax = toVector(std::get<0>(start_.max(0)));
+    } else {
+      startMin.assign(idx.size(), 0);
+      startMax.assign(idx.size(), 0);
+    }
+  }
+};
+
+enum class Tile { Skip, Full, Masked };
+
+Tile classify(const Rows& rows, int64_t r0, int64_t r1, const std::vector<int64_t>& keys, int64_t c0, int64_t c1) {
+  int64_t rMin = rows.idx[r0], rMax = rMin, sMin = rows.startMin[r0], sMax = rows.startMax[r0];
+  for (int64_t r = r0; r < r1; ++r) {
+    rMin = std::min(rMin, rows.idx[r]), rMax = std::max(rMax, rows.idx[r]);
+    sMin = std::min(sMin, rows.startMin[r]), sMax = std::max(sMax, rows.startMax[r]);
+  }
+  int64_t kMin = keys[c0], kMax = kMin;
+  for (int64_t c = c0; c < c1; ++c) kMin = std::min(kMin, keys[c]), kMax = std::max(kMax, keys[c]);
+  if (kMin > rMax || kMax < sMin) return Tile::Skip;
+  if (kMax <= rMin && kMin >= sMax) return Tile::Full;
+  return Tile::Masked;
+}
+
+// Scaled scores of rows [r0, r1) against keys [c0, c1) of one source, masked unless Full. [B, KV, r, c]
+at::Tensor tileScores(const at::Tensor& q, const at::Tensor& k, const Rows& rows, const at::Tensor& keyIndex,
+                      int64_t r0, int64_t r1, int64_t c0, int64_t c1, Tile tile) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  auto s = at::matmul(q.slice(2, r0, r1), k.slice(2, c0, c1).transpose(-2, -1)) * scale;
+  if (tile == Tile::Full) return s;
+  auto cols = keyIndex.slice(0, c0, c1).view({1, -1});
+  auto hidden = cols > rows.index.slice(0, r0, r1).view({-1, 1});  // [r, c]: key after the query
+  if (rows.start.defined()) {  // or before the query's document start
+    auto before = cols.unsqueeze(0) < rows.start.slice(1, r0, r1).unsqueeze(-1);  // [B, r, c]
+    return s.masked_fill((hidden.unsqueeze(0) | before).unsqueeze(1), -std::numeric_limits<float>::infinity());
+  }
+  return s.masked_fill(hidden, -std::numeric_limits<float>::infinity());
+}
+
+// The online softmax's running state over all query rows: max, sum, weighted values.
+struct Softmax {
+  at::Tensor m, l, acc;  // [B, KV, M, 1], [B, KV, M, 1], [B, KV, M, D]
+  explicit Softmax(const at::Tensor& q)
+      : m(at::full({q.size(0), q.size(1), q.size(2), 1}, kNoScore, q.options())),
+        l(at::zeros({q.size(0), q.size(1), q.size(2), 1}, q.options())),
+        acc(at::zeros_like(q)) {}
+};
+
+// Folds one source shard's keys k, v [B, KV, n, D] (global indices `keys`) into the state.
+void forwardSource(Softmax& st, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Rows& rows,
+                   const at::Tensor& keyIndex, int64_t chunk) {
+  const auto keys = toVector(keyIndex);
+  const int64_t M = q.size(2), n = k.size(2);
+  for (int64_t r0 = 0; r0 < M; r0 += chunk) {
+    const int64_t r1 = std::min(M, r0 + chunk);
+    auto m = st.m.slice(2, r0, r1), l = st.l.slice(2, r0, r1), acc = st.acc.slice(2, r0, r1);
+    for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+      const int64_t c1 = std::min(n, c0 + chunk);
+      const Tile tile = classify(rows, r0, r1, keys, c0, c1);
+      if (tile == Tile::Skip) continue;
+      auto s = tileScores(q, k, rows, keyIndex, r0, r1, c0, c1, tile);
+      auto mNew = at::maximum(m, std::get<0>(s.max(-1, true)));
+      auto p = s.sub_(mNew).exp_();  // in place: the scores are not needed again
+      auto corr = (m - mNew).exp_();
+      l.mul_(corr).add_(p.sum(-1, true));
+      acc.mul_(corr).add_(at::matmul(p, v.slice(2, c0, c1)));
+      m.copy_(mNew);
+    }
+  }
+}
+
+// Adds one source's contribution to dq and writes its dk, dv [B, KV, n, D] (zeroed by the caller).
+void backwardSource(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dO,
+                    const at::Tensor& lse, const at::Tensor& delta, const Rows& rows, const at::Tensor& keyIndex,
+                    int64_t chunk, at::Tensor& dq, at::Tensor dk, at::Tensor dv) {
+  const auto keys = toVector(keyIndex);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  const int64_t M = q.size(2), n = k.size(2);
+  for (int64_t r0 = 0; r0 < M; r0 += chunk) {
+    const int64_t r1 = std::min(M, r0 + chunk);
+    auto dOi = dO.slice(2, r0, r1), qi = q.slice(2, r0, r1);
+    auto lsei = lse.slice(2, r0, r1), deltai = delta.slice(2, r0, r1);
+    for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+      const int64_t c1 = std::min(n, c0 + chunk);
+      const Tile tile = classify(rows, r0, r1, keys, c0, c1);
+      if (tile == Tile::Skip) continue;
+      auto p = tileScores(q, k, rows, keyIndex, r0, r1, c0, c1, tile).sub_(lsei).exp_();  // [B, KV, r, c]
+      dv.slice(2, c0, c1).add_(at::matmul(p.transpose(-2, -1), dOi));
+      auto ds = at::matmul(dOi, v.slice(2, c0, c1).transpose(-2, -1)).sub_(deltai).mul_(p).mul_(scale);
+      dq.slice(2, r0, r1).add_(at::matmul(ds, k.slice(2, c0, c1)));
+      dk.slice(2, c0, c1).add_(at::matmul(ds.transpose(-2, -1), qi));
+    }
+  }
+}
+
+comm::Comm* commFrom(int64_t ptr) { return reinterpret_cast<comm::Comm*>(static_cast<intptr_t>(ptr)); }
+
+// Adds the seconds between construction and stop() to *sink (when there is one).
+class ComputeTimer {
+ public:
+  explicit ComputeTimer(int64_t sinkPtr) : sink_(reinterpret_cast<double*>(static_cast<intptr_t>(sinkPtr))) {}
+  void start() { t0_ = std::chrono::steady_clock::now(); }
+  void stop() {
+    if (sink_) *sink_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  double* sink_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// Starts gathering every ring rank's [2, B, KV, n, D] K/V into `all` [R, 2, B, KV, n, D].
+comm::Work gatherKv(comm::Comm* ring, const at::Tensor& local, at::Tensor& all) {
+  if (!ring || ring->size() == 1) return {};
+  all = at::empty({ring->size(), local.size(0), local.size(1), local.size(2), local.size(3), local.size(4)},
+                  local.options());
+  return ring->allGather(all, local);
+}
+
+struct RingFn : torch::autograd::Function<RingFn> {
+  // q [B, KV, M, D] (query heads grouped under their kv head), k and v [B, KV, n, D];
+  // rowIndex [M], rowStart [B, M] (empty: no documents), keyIndex [R n].
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& rowIndex, const at::Tensor& rowStart, const at::Tensor& keyIndex,
+                            int64_t ringPtr, int64_t chunk, int64_t timerPtr) {
+    at::NoGradGuard ng;
+    ComputeTimer timer(timerPtr);
+    comm::Comm* ring = commFrom(ringPtr);
+    const int R = ring ? ring->size() : 1, me = ring ? ring->rank() : 0;
+    const int64_t n = k.size(2);
+    at::Tensor all;
+    comm::Work inFlight = gatherKv(ring, at::stack({k, v}), all);
+    const Rows rows(rowIndex, rowStart);
+    Softmax st(q);
+    timer.start();
+    forwardSource(st, q, k, v, rows, keyIndex.slice(0, me * n, (me + 1) * n), chunk);
+    timer.stop();
+    inFlight.wait();
+    timer.start();
+    for (int t = 1; t < R; ++t) {
+      const int src = (me + t) % R;
+      forwardSource(st, q, all[src][0], all[src][1], rows, keyIndex.slice(0, src * n, (src + 1) * n), chunk);
+    }
+    auto out = st.acc / st.l;
+    auto lse = st.m + at::log(st.l);
+    timer.stop();
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["rowIndex"] = rowIndex;
+    ctx->saved_data["rowStart"] = rowStart;
+    ctx->saved_data["keyIndex"] = keyIndex;
+    ctx->saved_data["ring"] = ringPtr;
+    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["timer"] = timerPtr;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::NoGradGuard ng;
+    auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    comm::Comm* ring = commFrom(ctx->saved_data["ring"].toInt());
+    const int64_t chunk = ctx->saved_data["chunk"].toInt(), n = k.size(2);
+    const auto keyIndex = ctx->saved_data["keyIndex"].toTensor();
+    const int R = ring ? ring->size() : 1, me = ring ? ring->rank() : 0;
+    at::Tensor all;
+    comm::Work inFlight = gatherKv(ring, at::stack({k, v}), all);  // again: forward kept only the local shard
+    const Rows rows(ctx->saved_data["rowIndex"].toTensor(), ctx->saved_data["rowStart"].toTensor());
+    auto dO = grads[0].contiguous();
+    auto delta = (dO * out).sum(-1, true);  // [B, KV, M, 1]
+    auto dq = at::zeros_like(q);
+    auto dkv = at::zeros({R, 2, k.size(0), k.size(1), n, k.size(3)}, k.options());  // per source shard
+    auto source = [&](int src, const at::Tensor& ks, const at::Tensor& vs) {
+      backwardSource(q, ks, vs, dO, lse, delta, rows, keyIndex.slice(0, src * n, (src + 1) * n), chunk, dq,
+                     dkv[src][0], dkv[src][1]);
+    };
+    ComputeTimer timer(ctx->saved_data["timer"].toInt());
+    timer.start();
+    source(me, k, v);
+    timer.stop();
+    inFlight.wait();
+    timer.start();
+    for (int t = 1; t < R; ++t) {
+      const int src = (me + t) % R;
+      source(src, all[src][0], all[src][1]);
+    }
+    timer.stop();
+    at::Tensor mine = dkv[0];
+    if (R > 1) {  // each owner receives the sum over the ring of its shard's dK/dV
+      mine = at::empty({2, k.size(0), k.size(1), n, k.size(3)}, k.options());
+      ring->reduceScatter(mine, dkv).wait();
+    }
+    return {dq, mine[0], mine[1], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Positions [B, n] of every Ulysses rank's shard, in Ulysses-rank order: [B, U n].
+at::Tensor gatherSequence(const at::Tensor& pos, comm::Comm* ulysses) {
+  const int64_t U = ulysses->size(), B = pos.size(0), n = pos.size(1);
+  auto all = at::empty({U * B * n}, at::kLong);
+  ulysses->allGather(all, pos.to(at::kLong).contiguous().view({-1})).wait();
+  return all.view({U, B, n}).permute({1, 0, 2}).reshape({B, U * n});
+}
+
+}  // namespace
+
+at::Tensor ringAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingInputs& in) {
+  const int64_t B = q.size(0), n = q.size(1), H = q.size(2), D = q.size(3), KV = k.size(2), G = H / KV;
+  LT_ASSERT(H % KV == 0 && k.size(1) == n && in.queryIndex.numel() == n && in.chunk >= 1);
+  LT_ASSERT(in.keyIndex.numel() == n * (in.ring ? in.ring->size() : 1));
+  auto qg = q.permute({0, 2, 1, 3}).reshape({B, KV, G * n, D});  // head h = kv * G + g
+  auto kk = k.permute({0, 2, 1, 3}).contiguous(), vv = v.permute({0, 2, 1, 3}).contiguous();  // [B, KV, n, D]
+  auto rowIndex = in.queryIndex.to(at::kLong).repeat({G});
+  auto rowStart = in.documentStart.defined() ? in.documentStart.to(at::kLong).repeat({1, G}).contiguous()
+                                             : at::empty({0}, at::kLong);
+  auto o = RingFn::apply(qg.contiguous(), kk, vv, rowIndex, rowStart, in.keyIndex.to(at::kLong).contiguous(),
+                         static_cast<int64_t>(reinterpret_cast<intptr_t>(in.ring)), in.chunk,
+                         static_cast<int64_t>(reinterpret_cast<intptr_t>(in.computeSeconds)));
+  return o.view({B, H, n, D}).permute({0, 2, 1, 3});  // [B, n, H, D]
+}
+
+model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses, std::shared_ptr<comm::Comm> ring,
+                                             const Layout& layout, int spRank, model::AttentionFn core,
+                                             int64_t chunk, double* computeSeconds) {
+  LT_ASSERT((layout.U == 1) == (!ulysses || ulysses->size() == 1) && (layout.R == 1) == (!ring || ring->size() == 1));
+  LT_ASSERT(layout.spRankOf(ring ? ring->rank() : 0, ulysses ? ulysses->rank() : 0) == spRank);
+  if (layout.ulyssesOnly()) return ulyssesAttention(ulysses, core);
+  if (layout.U == 1) ulysses = nullptr;
+  if (layout.R == 1) ring = nullptr;
+  return [ulysses, ring, layout, chunk, computeSeconds](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        const at::Tensor& pos) {
+    const int64_t n = q.size(1), U = layout.U;
+    const int ringRank = ring ? ring->rank() : 0;
+    at::Tensor qq = q, kk = k, vv = v, groupPos = pos;
+    if (ulysses) {
+      if (k.size(2) < U) {  // replicate KV heads so every Ulysses rank holds one
+        kk = k.repeat_interleave(U / k.size(2), 2);
+        vv = v.repeat_interleave(U / k.size(2), 2);
+      }
+      qq = seqToHeads(q, ulysses.get());  // [B, U n, H/U, Dh]
+      kk = seqToHeads(kk, ulysses.get());
+      vv = seqToHeads(vv, ulysses.get());
+      if (pos.defined()) groupPos = gatherSequence(pos, ulysses.get());
+    }
+    // The tokens a Ulysses group holds after the all-to-all: its ranks' shards in rank order.
+    auto groupTokens = [&](int ringRankOfGroup) {
+      std::vector<at::Tensor> parts;
+      for (int u = 0; u < U; ++u) parts.push_back(layout.tokenIndex(layout.spRankOf(ringRankOfGroup, u), n));
+      return at::cat(parts);
+    };
+    RingInputs in;
+    in.queryIndex = groupTokens(ringRank);
+    std::vector<at::Tensor> keys;
+    for (int t = 0; t < layout.R; ++t) keys.push_back(groupTokens(t));
+    in.keyIndex = at::cat(keys);
+    if (pos.defined()) in.documentStart = in.queryIndex.unsqueeze(0) - groupPos.to(at::kLong);
+    in.ring = ring.get();
+    in.chunk = chunk > 0 ? chunk : 256;
+    in.computeSeconds = computeSeconds;
+    auto o = ringAttention(qq, kk, vv, in);  // [B, U n, H/U, Dh]
+    return ulysses ? headsToSeq(o.contiguous(), ulysses.get()) : o;
+  };
+}
+
+}  // namespace lt::sp

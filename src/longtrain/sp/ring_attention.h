@@ -1,0 +1,48 @@
+// Ring attention and the Ulysses x ring hybrid (sequence parallelism beyond the head count).
+// Each rank keeps its query shard; the key/value shards of the R ranks of its ring group all
+// come to it, and the partial attentions over each source shard are merged by log-sum-exp
+// (an online softmax over sources and key blocks); backward sends each source's dK/dV back to
+// its owner, summed over the ring (a reduce-scatter). Autograd flows through it like through
+// the Ulysses all-to-alls.
+// Non-obvious decision: the K/V shards travel in one asynchronous all-gather over the ring
+// group, not R-1 dependent send/recv steps: c10d's Gloo all-gather is itself a ring, the bytes
+// per rank are the same ((R-1)/R of the group's K/V), and one collective pays Gloo's per-call
+// latency once. The local tile is computed while the gather is in flight. The gathered K/V
+// is transient: forward saves only the local shards and backward gathers them again, so the
+// saved activations stay O(S / P).
+// Masks are by global token index (a key is seen iff documentStart <= key <= query), so any
+// placement of tokens (zigzag, padding) and packed documents are exact.
+#pragma once
+#include <memory>
+
+#include "longtrain/comm/comm.h"
+#include "longtrain/model/model.h"
+#include "longtrain/sp/layout.h"
+
+namespace lt::sp {
+
+struct RingInputs {
+  at::Tensor queryIndex;     // [n] int64: global position of each local query token
+  at::Tensor keyIndex;       // [R * n] int64: global position of ring rank t's tokens at [t n, (t+1) n)
+  at::Tensor documentStart;  // [B, n] int64: first global position each query may see; undefined: 0
+  comm::Comm* ring = nullptr;  // the ring group (R ranks); null: R = 1 (masked local attention)
+  int64_t chunk = 256;         // query and key block edge
+  // If set, the seconds spent on tiles (forward and backward, not waiting for the ring) are
+  // added to it: benches measure the per-rank work (zigzag's balance) with it.
+  double* computeSeconds = nullptr;
+};
+
+// q [B, n, H, Dh], k and v [B, n, KV, Dh] (this rank's tokens; H a multiple of KV) ->
+// [B, n, H, Dh]: causal attention of the local queries over the tokens of every ring rank.
+// Differentiable in q, k and v. Every ring rank must call it with the same shapes.
+at::Tensor ringAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingInputs& in);
+
+// The attention function for SP under `layout`: Ulysses all-to-alls over the `ulysses` group
+// (U ranks; null when U = 1), ring attention over the `ring` group (R ranks; null when R = 1).
+// With layout.ulyssesOnly() it is ulyssesAttention(ulysses, core), unchanged.
+// `spRank` is this rank's rank in the SP group; `chunk` the ring kernel's block edge (0: 256).
+model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses, std::shared_ptr<comm::Comm> ring,
+                                             const Layout& layout, int spRank, model::AttentionFn core,
+                                             int64_t chunk = 0, double* computeSeconds = nullptr);
+
+}  // namespace lt::sp
