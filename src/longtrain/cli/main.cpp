@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <thread>
@@ -28,7 +29,9 @@
 #include "longtrain/core/check.h"
 #include "longtrain/core/cpu.h"
 #include "longtrain/core/memory.h"
+#include "longtrain/core/phase.h"
 #include "longtrain/core/stop.h"
+#include "longtrain/core/strings.h"
 #include "longtrain/model/generate.h"
 #include "longtrain/model/kernel_isa.h"
 #include "longtrain/plan/memory_model.h"
@@ -621,9 +624,20 @@ int main(int argc, char** argv) {
     if (*plan) return cmdPlan(planConfig, planNproc, planSets, maxSeq);
     if (*plot) return cmdPlot(plotFiles, plotLabels, plotOut, plotOpt);
     if (*tokenize) return cmdTokenize(tf);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "longtrain: error%s: out of memory (std::bad_alloc) while %s; `longtrain plan` predicts "
+                 "the peak: lower data.seq_len or the micro batch, or spread the state (ZeRO-3, "
+                 "sequence_parallel_size)\n", std::getenv("WORLD_SIZE") ? (" on rank " + std::to_string(rank)).c_str() : "",
+                 lt::currentPhase());
+    return 1;
   } catch (const std::exception& e) {
-    if (std::getenv("WORLD_SIZE")) std::fprintf(stderr, "longtrain: error on rank %d: %s\n", rank, e.what());
-    else std::fprintf(stderr, "longtrain: error: %s\n", e.what());
+    // ATen reports a failed allocation as its own error ("can't allocate memory"): same hint.
+    const bool oom = std::strstr(e.what(), "can't allocate memory") != nullptr;
+    const std::string what = oom ? lt::firstLine(e.what()) + " (out of memory while " + lt::currentPhase() +
+                                       "; `longtrain plan` predicts the peak)"
+                                 : std::string(e.what());
+    if (std::getenv("WORLD_SIZE")) std::fprintf(stderr, "longtrain: error on rank %d: %s\n", rank, what.c_str());
+    else std::fprintf(stderr, "longtrain: error: %s\n", what.c_str());
     return 1;
   }
   return 0;

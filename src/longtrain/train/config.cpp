@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+
+#include <fmt/format.h>
 #include <climits>
 #include <cmath>
 #include <filesystem>
@@ -233,6 +235,36 @@ std::string effectiveSource(json j, const model::ModelConfig& mc) {
 
 }  // namespace
 
+// Sizes the engine and the memory model multiply together must not overflow 64-bit
+// arithmetic (each key alone is range-checked; their products are not): refused naming the keys.
+void checkProductsFit(const Config& c) {
+  struct Product {
+    const char* what;
+    std::vector<std::pair<const char*, int64_t>> factors;
+  };
+  const int64_t widest = std::max({c.model.hidden, c.model.intermediate, c.model.vocabSize});
+  const Product products[] = {
+      {"activation elements of one micro-batch",
+       {{"data.seq_len", c.data.seqLen}, {"train_micro_batch_size_per_gpu", c.microBatch},
+        {"the widest of model.hidden_size, intermediate_size, vocab_size", widest}, {"model.num_layers", c.model.layers}}},
+      {"attention scores of one micro-batch",
+       {{"data.seq_len", c.data.seqLen}, {"data.seq_len", c.data.seqLen}, {"model.num_heads", c.model.heads},
+        {"train_micro_batch_size_per_gpu", c.microBatch}}},
+      {"weights of one layer", {{"model.hidden_size", c.model.hidden}, {"model.intermediate_size", c.model.intermediate},
+                                {"model.num_layers", c.model.layers}}},
+      {"embedding weights", {{"model.vocab_size", c.model.vocabSize}, {"model.hidden_size", c.model.hidden}}}};
+  for (const auto& p : products) {
+    long double v = 16;  // bytes per element with Adam's state, and headroom
+    std::string keys;
+    for (const auto& [k, x] : p.factors) {
+      v *= static_cast<long double>(x);
+      keys += fmt::format("{}{} = {}", keys.empty() ? "" : " x ", k, x);
+    }
+    LT_CHECK(v < static_cast<long double>(INT64_MAX), "config: the ", p.what, " (", keys,
+             ") overflow 64-bit arithmetic; lower the largest of these keys");
+  }
+}
+
 Config parseConfig(const json& j, int worldSize) {
   LT_CHECK(j.is_object(), "the config must be a JSON object, got ", j.type_name());
   Config c;
@@ -391,6 +423,7 @@ Config parseConfig(const json& j, int worldSize) {
   }
   root.finish();
   resolveBatch(c, worldSize);
+  checkProductsFit(c);
   c.spLayout = sp::chooseLayout(c.sequenceParallelSize, c.model.heads, c.model.kvHeads, c.sequenceParallelRingDegree,
                                 c.sequenceParallelBalance);
   c.source = effectiveSource(j, c.model);

@@ -17,6 +17,7 @@
 #include "longtrain/core/check.h"
 #include "longtrain/core/cpu.h"
 #include "longtrain/core/memory.h"
+#include "longtrain/core/phase.h"
 #include "longtrain/core/stop.h"
 #include "longtrain/core/strings.h"
 #include "longtrain/core/trace.h"
@@ -156,6 +157,7 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
   if (!opts.tracePath.empty()) trace::enable(groups.world->rank());
   const auto& ck = cfg.train.checkpoint;
   if (!ck.dir.empty()) ckpt::checkWritable(ck.dir);  // a read-only dir is found now, not at the first save
+  setPhase("building the model, data and optimizer (seq_len %lld)", (long long)cfg.data.seqLen);
   Engine engine(cfg, groups);
   std::string from = opts.resume;
   if (opts.restarted && !ck.dir.empty())
@@ -170,6 +172,7 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
   if (!from.empty()) {
     auto t0 = std::chrono::steady_clock::now();
     ckpt::Checkpoint c(ckpt::resolve(from));
+    setPhase("loading the checkpoint %s", c.dir().c_str());
     ckpt::load(engine, c);
     const double loadS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const auto& m = c.manifest();
@@ -248,6 +251,7 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
     StepMetrics m;
     {
       trace::Scope ts("step", "step " + std::to_string(s + 1));
+      setPhase("step %lld: forward, backward and optimizer", (long long)(s + 1));
       m = engine.step();
     }
     const int stop = agreedStopSignal(*groups.world);
@@ -257,6 +261,7 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
     if (cadence || (stop && !ck.dir.empty())) {
       auto t0 = std::chrono::steady_clock::now();
       std::string dir;
+      setPhase("saving the checkpoint of step %lld", (long long)m.step);
       ckptError = saveCheckpoint(engine, saver, opts, dir);
       ckptS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       sum.checkpointSeconds += ckptS;
@@ -276,7 +281,7 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
     double tps = elapsed > 0 ? tokensSeen / elapsed : m.tokens / m.stepTimeS;
     bool evalNow = (cfg.train.evalEvery > 0 && m.step % cfg.train.evalEvery == 0) || m.step == cfg.train.steps;
     EvalMetrics e;
-    if (evalNow) e = engine.evaluate();
+    if (evalNow) setPhase("evaluation after step %lld", (long long)m.step), e = engine.evaluate();
     sampler.maybeSample(engine, m.step, lead);
     if (lead) {
       if (m.step % cfg.stepsPerPrint == 0 || m.step == 1 || m.step == cfg.train.steps) {
