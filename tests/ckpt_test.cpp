@@ -94,13 +94,14 @@ json baseConfig() {
   j["train"]["steps"] = 6;
   return j;
 }
-json zero3(json j, bool superOffload) {
-  j["zero_optimization"] = {{"stage", 3}, {"sub_group_size", 3000}};
+json zeroStage(json j, int stage, bool superOffload) {
+  j["zero_optimization"] = {{"stage", stage}, {"sub_group_size", 3000}};
   if (superOffload)
     j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"super_offload", true}, {"ratio", 0.75},
                                                    {"cpuadam_cores_perc", 0.5}};
   return j;
 }
+json zero3(json j, bool superOffload) { return zeroStage(std::move(j), 3, superOffload); }
 
 struct Layout {
   json cfg;
@@ -166,7 +167,10 @@ INSTANTIATE_TEST_SUITE_P(
                       ResumeCase{"zero3_w2_superoffload", {zero3(baseConfig(), true), 2, 1}},
                       // SP 2 with 3 micro-batches a step: a checkpoint falls mid-Ulysses-gather.
                       accumulated("sp2_accum3", baseConfig(), 2, 2, 3),
-                      accumulated("sp2_dp2_zero3", zero3(baseConfig(), false), 4, 2, 1)),
+                      accumulated("sp2_dp2_zero3", zero3(baseConfig(), false), 4, 2, 1),
+                      // Stage 1 with 2 micro-batches (whole gradients accumulate); stage 2 speculating.
+                      accumulated("zero1_w2_accum2", zeroStage(baseConfig(), 1, false), 2, 1, 2),
+                      ResumeCase{"zero2_w2_superoffload", {zeroStage(baseConfig(), 2, true), 2, 1}}),
     [](const auto& info) { return info.param.name; });
 
 // Resharding (universal checkpointing): saved at one layout, loaded at another; the run
@@ -213,6 +217,32 @@ TEST(Resharding, ZeroWorld4ResumesAtWorld2AndSpDpResumesAtOneRank) {
     std::printf("reshard W=%d SP=%d -> W=%d SP=%d: vs uninterrupted loss rel %.3g, params rel %.3g; "
                 "vs one rank loss rel %.3g, params rel %.3g\n",
                 c.from.world, c.from.sp, c.to.world, c.to.sp, worstLoss, worstParam, oneLoss, oneParam);
+  }
+}
+
+// Checkpoints reshard between the four ZeRO stages (the shard format is one): each pair
+// continues the source run within its tolerances, world size changing with the stage.
+TEST(Resharding, BetweenZeroStages) {
+  const int n = 5, k = 2;
+  auto at = [](int stage, int world) {
+    json j = zeroStage(baseConfig(), stage, false);
+    j["train_micro_batch_size_per_gpu"] = 4 / world;  // train_batch_size 4 throughout
+    return Layout{j, world, 1};
+  };
+  const std::vector<std::pair<Layout, Layout>> cases{
+      {at(1, 2), at(3, 4)}, {at(2, 4), at(0, 1)}, {at(0, 2), at(1, 2)}, {at(3, 2), at(2, 4)}};
+  int idx = 0;
+  for (const auto& [from, to] : cases) {
+    auto ref = lt::testing::trainOnRanks(from.cfg, from.world, 1, n)[0];
+    Resumed got = saveThenResume(from, to, k, n, freshDir("reshard_stage" + std::to_string(idx++)));
+    double loss = 0, param = 0;
+    for (int s = k; s < n; ++s) loss = std::max(loss, std::abs(got.losses[s - k] - ref.losses[s]) / std::abs(ref.losses[s]));
+    for (size_t i = 0; i < ref.params.size(); ++i) param = std::max(param, lt::testing::relErr(got.params[i], ref.params[i]));
+    const int a = from.cfg["zero_optimization"]["stage"], b = to.cfg["zero_optimization"]["stage"];
+    EXPECT_LE(loss, Tol::kDataParallel) << "stage " << a << " -> " << b;
+    EXPECT_LE(param, Tol::kAfterAdamSteps) << "stage " << a << " -> " << b;
+    std::printf("reshard stage %d W=%d -> stage %d W=%d: loss rel %.3g, params rel %.3g\n", a, from.world, b, to.world,
+                loss, param);
   }
 }
 

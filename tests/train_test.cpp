@@ -276,3 +276,27 @@ TEST(Config, DuplicateKeysAndADirectoryAreRefusedInLongtrainsWords) {
   e = lt::testing::errorOf([&] { lt::train::loadConfigJson(dir.string(), {}); });
   EXPECT_NE(e.find("is a directory"), std::string::npos) << e;
 }
+
+// Sizes whose products would overflow 64-bit arithmetic are refused naming the keys (each key
+// alone is in range); the attention-score product only counts where scores are held whole.
+TEST(Config, SizesWhoseProductOverflowsAreRefusedNamingTheKeys) {
+  json j = smallConfig();
+  j["model"]["vocab_size"] = int64_t{1} << 40;
+  j["model"]["hidden_size"] = int64_t{1} << 24;
+  j["model"]["num_heads"] = 1;
+  j["model"]["num_kv_heads"] = 1;
+  std::string e = errorOf(j);
+  EXPECT_NE(e.find("embedding weights (model.vocab_size = 1099511627776 x model.hidden_size = 16777216) overflow"),
+            std::string::npos)
+      << e;
+  json naive = smallConfig();
+  naive["data"]["seq_len"] = int64_t{1000000000000};
+  naive["model"]["attention"] = "naive";
+  e = errorOf(naive);
+  EXPECT_NE(e.find("attention scores of one micro-batch (data.seq_len = 1000000000000 x data.seq_len"),
+            std::string::npos)
+      << e;
+  json fused = naive;
+  fused["model"]["attention"] = "fused";
+  EXPECT_EQ(errorOf(fused).find("overflow"), std::string::npos) << errorOf(fused);
+}

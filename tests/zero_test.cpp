@@ -1,6 +1,8 @@
 // zero/: IPG buckets (adversarial arrival order, single-parameter sub-groups, missing
 // gradients), ZeRO-3 at world 2 and 4 against one rank, SuperOffload's overlapped steps
-// against synchronous ones (bit for bit), exact rollback on a NaN, and the clipping path.
+// against synchronous ones (bit for bit), exact rollback on a NaN, and the clipping path;
+// stages 1 and 2 against stage 0 on one rank, weight-decay groups against AdamW's closed form,
+// and the DeepSpeed bucket and overlap keys.
 #include <nlohmann/json.hpp>
 
 #include "longtrain/core/check.h"
@@ -245,3 +247,140 @@ TEST(Zero3, LedgerIsAboutOneWorldthOfTheModel) {
 }
 
 }  // namespace
+
+// ZeRO stages 1 and 2 (replicated parameters; partitioned Adam states, and at stage 2
+// gradients) on 2 and 4 ranks against stage 0 on one rank with the same global batch. Two
+// micro-batches a step (stage 1 accumulates whole gradients, stage 2 into partitions), and
+// buckets small enough that each sub-group travels in several reduce-scatters and
+// all-gathers. The replicas every rank trains on must equal the gathered masters.
+class ZeroStages12 : public ::testing::TestWithParam<int> {};
+
+TEST_P(ZeroStages12, EqualStageZeroOnOneRank) {
+  at::set_num_threads(1);
+  const int n = GetParam(), steps = 3;
+  json ref = zeroConfig();
+  ref["zero_optimization"] = {{"stage", 0}};
+  ref["gradient_accumulation_steps"] = 2 * n;
+  std::vector<double> refLosses;
+  const auto refParams = run(ref, 1, 1, steps, &refLosses);
+  for (int stage : {1, 2})
+    for (bool so : {false, true}) {
+      json j = zeroConfig();
+      j["zero_optimization"] = {{"stage", stage},
+                                {"sub_group_size", 3000},
+                                {"reduce_bucket_size", 1500},
+                                {"allgather_bucket_size", 1200}};
+      if (so) j = withSuperOffload(j);
+      j["gradient_accumulation_steps"] = 2;
+      const auto cfg = lt::train::parseConfig(j, n);
+      std::vector<std::vector<at::Tensor>> full(n), replicas(n);
+      std::vector<double> losses;
+      runRanks(n, 1, [&](int r, lt::comm::Groups& g) {
+        lt::train::Engine e(cfg, g);
+        ASSERT_EQ(e.zero()->stage(), stage);
+        std::vector<double> ls;
+        for (int s = 0; s < steps; ++s) ls.push_back(e.step().loss);
+        full[r] = e.fullParameters();
+        for (const auto& p : e.model().parameters()) replicas[r].push_back(p.detach().clone());
+        if (r == 0) losses = ls;
+      });
+      const double vsOne = worst(full[0], refParams);
+      EXPECT_LE(vsOne, Tol::kDataParallel) << "stage " << stage << " world " << n << " super_offload " << so;
+      for (int r = 0; r < n; ++r) EXPECT_TRUE(bitEqual(replicas[r], full[0])) << "rank " << r << " stage " << stage;
+      double lossErr = 0;
+      for (int s = 0; s < steps; ++s)
+        lossErr = std::max(lossErr, std::abs(losses[s] - refLosses[s]) / std::abs(refLosses[s]));
+      EXPECT_LE(lossErr, Tol::kDataParallel) << "stage " << stage << " world " << n;
+      std::printf("ZeRO-%d world %d super_offload %d vs stage 0 on one rank: params %.3g, losses %.3g\n", stage, n,
+                  so, vsOne, lossErr);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ZeroStages12, ::testing::Values(2, 4));
+
+// Weight-decay groups against the closed form of AdamW's first step: the same gradients with
+// and without decay, so p(wd) - p(0) = -lr * wd * p0 exactly where a parameter decays and 0
+// where it does not: matrices decay; norms never; the embedding only with decay_embeddings.
+TEST(WeightDecayGroups, MatricesDecayNormsAndEmbeddingsDoNotAtEveryStage) {
+  at::set_num_threads(1);
+  const double lr = 0.1, wd = 0.5;
+  struct Case {
+    int stage, world;
+    bool decayEmbeddings;
+  };
+  for (const Case c : {Case{0, 1, false}, Case{0, 1, true}, Case{1, 2, false}, Case{2, 2, false}, Case{3, 2, true}}) {
+    json j = zeroConfig();
+    j["zero_optimization"] = {{"stage", c.stage}, {"sub_group_size", 3000}};
+    j["optimizer"]["params"]["lr"] = lr;
+    j["optimizer"]["decay_embeddings"] = c.decayEmbeddings;
+    std::vector<std::string> names;
+    std::vector<at::Tensor> p0, decayed, plain;
+    for (double w : {wd, 0.0}) {
+      j["optimizer"]["params"]["weight_decay"] = w;
+      const auto cfg = lt::train::parseConfig(j, c.world);
+      runRanks(c.world, 1, [&](int r, lt::comm::Groups& g) {
+        lt::train::Engine e(cfg, g);
+        auto before = e.fullParameters();
+        e.step();
+        auto after = e.fullParameters();
+        if (r != 0) return;
+        (w > 0 ? decayed : plain) = after;
+        p0 = before;
+        names.clear();
+        for (const auto& m : e.parameterMeta()) names.push_back(m.name);
+      });
+    }
+    int nDecayed = 0, nPlain = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const bool embedding = names[i] == "model.embed_tokens.weight";
+      const bool decays = p0[i].dim() >= 2 && (!embedding || c.decayEmbeddings);
+      if (decays) {
+        ++nDecayed;
+        EXPECT_LE(relErr(decayed[i] - plain[i], -lr * wd * p0[i]), Tol::kDecayClosedForm)
+            << names[i] << " stage " << c.stage;
+      } else {
+        ++nPlain;
+        EXPECT_TRUE(at::equal(decayed[i], plain[i])) << names[i] << " stage " << c.stage << " must not decay";
+      }
+    }
+    EXPECT_GT(nDecayed, 0);
+    EXPECT_GT(nPlain, 0);
+  }
+}
+
+// DeepSpeed keys for paths longtrain always takes are accepted only when they say so.
+TEST(ZeroConfig, DeepSpeedSwitchesForAbsentPathsAreRefusedByName) {
+  for (const char* key : {"contiguous_gradients", "reduce_scatter"}) {
+    json j = zeroConfig();
+    j["zero_optimization"][key] = false;
+    std::string e = lt::testing::errorOf([&] { lt::train::parseConfig(j, 2); });
+    EXPECT_NE(e.find(std::string("zero_optimization.") + key + "' = false"), std::string::npos) << e;
+    j["zero_optimization"][key] = true;
+    EXPECT_EQ(lt::testing::errorOf([&] { lt::train::parseConfig(j, 2); }), "");
+  }
+  json j = zeroConfig();
+  j["zero_optimization"]["round_robin_gradients"] = true;
+  EXPECT_NE(lt::testing::errorOf([&] { lt::train::parseConfig(j, 2); }).find("round_robin_gradients"),
+            std::string::npos);
+  j = zeroConfig();
+  j["zero_optimization"]["stage"] = 0;
+  j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  EXPECT_NE(lt::testing::errorOf([&] { lt::train::parseConfig(j, 2); }).find("needs zero_optimization.stage 1, 2 or 3"),
+            std::string::npos);
+}
+
+// overlap_comm=false waits for each collective as it is issued, and buckets below every
+// matrix send each alone: the same numbers, bit for bit.
+TEST(ZeroConfig, OverlapAndBucketSizesDoNotChangeTheResult) {
+  at::set_num_threads(1);
+  for (int stage : {0, 2, 3}) {
+    json j = zeroConfig();
+    j["zero_optimization"] = {{"stage", stage}, {"sub_group_size", 3000}};
+    auto ref = run(j, 2, 1, 2);
+    json k = j;
+    k["zero_optimization"]["overlap_comm"] = false;
+    k["zero_optimization"]["reduce_bucket_size"] = 100;  // below every matrix: each travels alone
+    k["zero_optimization"]["allgather_bucket_size"] = 100;
+    EXPECT_TRUE(bitEqual(run(k, 2, 1, 2), ref)) << "stage " << stage;
+  }
+}

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 namespace lt {
@@ -78,3 +79,12 @@ std::string allocatorName() {
   return "glibc";
 }
 }  // namespace lt
+
+int64_t lt::openFileDescriptors() {
+  std::error_code ec;
+  int64_t n = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec))
+    ++n;
+  return ec ? -1 : n - 1;  // the iterator's own descriptor
+}

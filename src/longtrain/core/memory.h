@@ -7,6 +7,8 @@
 namespace lt {
 int64_t peakRssBytes();
 int64_t currentRssBytes();
+// Open file descriptors of this process (entries of /proc/self/fd); -1 where unreadable.
+int64_t openFileDescriptors();
 // The malloc this process runs: "tcmalloc", "jemalloc" or "glibc" (found by their symbols,
 // so an LD_PRELOAD counts too).
 std::string allocatorName();

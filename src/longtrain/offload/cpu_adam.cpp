@@ -264,9 +264,21 @@ CpuAdam::Buffer CpuAdam::allocBuffer(int64_t numel) {
   return b;
 }
 
-int CpuAdam::addGroup(int64_t numel) {
+int CpuAdam::addGroup(int64_t numel, std::vector<DecaySpan> decay) {
   LT_CHECK(numel > 0, "CpuAdam::addGroup: numel = ", numel, "; expected a positive count");
+  if (decay.empty()) decay.push_back({0, numel, params_.weightDecay});
   Group g;
+  int64_t end = 0;
+  for (const auto& d : decay) {
+    LT_CHECK(d.offset == end && d.length >= 0 && d.weightDecay >= 0 && std::isfinite(d.weightDecay),
+             "CpuAdam::addGroup: decay span [", d.offset, ", +", d.length, ") wd ", d.weightDecay,
+             " does not continue the spans before it at ", end, " with a finite decay >= 0");
+    end += d.length;
+    if (d.length == 0) continue;
+    if (!g.decay.empty() && g.decay.back().weightDecay == d.weightDecay) g.decay.back().length += d.length;
+    else g.decay.push_back(d);
+  }
+  LT_CHECK(end == numel, "CpuAdam::addGroup: decay spans cover ", end, " of ", numel, " elements");
   g.m = allocBuffer(numel);
   g.v = allocBuffer(numel);
   g.numel = numel;
@@ -284,18 +296,33 @@ const CpuAdam::Group& CpuAdam::groupAt(int group) const {
   return const_cast<CpuAdam*>(this)->groupAt(group);
 }
 
+template <typename Fn>
+void CpuAdam::forEachSpan(const Group& g, Fn fn) const {
+  AdamParams p = params_;
+  for (const auto& d : g.decay) {
+    p.weightDecay = d.weightDecay;
+    fn(d.offset, d.length, p);
+  }
+}
+
 void CpuAdam::step(int group, float* p, const float* g) {
   Group& gr = groupAt(group);
   checkArgs(p, g, gr.m.get(), gr.v.get(), gr.numel, gr.step + 1, params_);
   ++gr.step;
-  adamStep(p, g, gr.m.get(), gr.v.get(), gr.numel, gr.step, params_, threads_);
+  float *m = gr.m.get(), *v = gr.v.get();
+  forEachSpan(gr, [&](int64_t o, int64_t n, const AdamParams& ap) {
+    adamStep(p + o, g + o, m + o, v + o, n, gr.step, ap, threads_);
+  });
 }
 
 void CpuAdam::stepBf16(int group, uint16_t* pBf16, float* pMaster, const float* g) {
   Group& gr = groupAt(group);
   checkArgs(pBf16, g, gr.m.get(), gr.v.get(), gr.numel, gr.step + 1, params_);
   ++gr.step;
-  adamStepBf16(pBf16, pMaster, g, gr.m.get(), gr.v.get(), gr.numel, gr.step, params_, threads_);
+  float *m = gr.m.get(), *v = gr.v.get();
+  forEachSpan(gr, [&](int64_t o, int64_t n, const AdamParams& ap) {
+    adamStepBf16(pBf16 + o, pMaster ? pMaster + o : nullptr, g + o, m + o, v + o, n, gr.step, ap, threads_);
+  });
 }
 
 void CpuAdam::stepSpeculative(int group, const float* p, const float* g, float* pOut) {
@@ -304,8 +331,10 @@ void CpuAdam::stepSpeculative(int group, const float* p, const float* g, float* 
     gr.mShadow = allocBuffer(gr.numel);
     gr.vShadow = allocBuffer(gr.numel);
   }
-  adamStepInto(p, gr.m.get(), gr.v.get(), g, pOut, gr.mShadow.get(), gr.vShadow.get(), gr.numel, gr.step + 1,
-               params_, threads_);
+  float *m = gr.m.get(), *v = gr.v.get(), *ms = gr.mShadow.get(), *vs = gr.vShadow.get();
+  forEachSpan(gr, [&](int64_t o, int64_t n, const AdamParams& ap) {
+    adamStepInto(p + o, m + o, v + o, g + o, pOut + o, ms + o, vs + o, n, gr.step + 1, ap, threads_);
+  });
 }
 
 void CpuAdam::commitSpeculative(int group) {

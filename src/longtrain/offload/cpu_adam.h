@@ -63,8 +63,16 @@ void adamStepBf16(uint16_t* pBf16, float* pMaster, const float* g, float* m, flo
 void adamStepBf16With(AdamIsa isa, uint16_t* pBf16, float* pMaster, const float* g, float* m,
                       float* v, int64_t n, int64_t step, const AdamParams& params, int threads);
 
+// Elements [offset, offset + length) of a group decay by weightDecay (weight-decay groups:
+// matrices decay, norms do not). A group's spans tile it in order.
+struct DecaySpan {
+  int64_t offset, length;
+  double weightDecay;
+};
+
 // Optimizer state for the sub-groups of one optimizer (DeepSpeed's step_subgroup): each group
-// owns zeroed m and v and its own step count. addGroup must not run concurrently with other
+// owns zeroed m and v and its own step count, and may mix weight decays over spans of it (a
+// step runs the kernel once per span; the arithmetic is elementwise, so splitting is exact). addGroup must not run concurrently with other
 // calls; step() on distinct groups may run concurrently. m/v pointers stay valid for the
 // object's lifetime.
 class CpuAdam {
@@ -74,7 +82,8 @@ class CpuAdam {
   CpuAdam(const CpuAdam&) = delete;
   CpuAdam& operator=(const CpuAdam&) = delete;
 
-  int addGroup(int64_t numel);  // returns the group id, 0, 1, ...
+  // Returns the group id, 0, 1, ...; without spans, params().weightDecay everywhere.
+  int addGroup(int64_t numel, std::vector<DecaySpan> decay = {});
   // Increments the group's step count, then updates p (numel fp32 values) from g.
   void step(int group, float* p, const float* g);
   // The same for bf16 parameters (see adamStepBf16).
@@ -108,7 +117,11 @@ class CpuAdam {
     Buffer mShadow, vShadow;  // speculative step outputs
     int64_t numel = 0;
     int64_t step = 0;
+    std::vector<DecaySpan> decay;  // merged: adjacent spans differ in weight decay
   };
+  // Calls fn(offset, length, params) for each span of the group, params carrying its decay.
+  template <typename Fn>
+  void forEachSpan(const Group& g, Fn fn) const;
   Group& groupAt(int group);
   const Group& groupAt(int group) const;
 

@@ -244,13 +244,17 @@ Bytes lossCost(const train::Config& c, const Dims& d) {
 
 ModelState modelState(const train::Config& c, int world) {
   const Dims d = dimsOf(c, world);
-  const double share = c.zero.stage == 3 ? 1.0 / d.W : 1.0;
+  const int stage = c.zero.stage;
+  const double share = stage >= 1 ? 1.0 / d.W : 1.0;  // masters, Adam states, gradient partitions
   double optim = 2 * d.N * kF * share;
-  if (c.zero.stage == 3 && c.zero.offloadOptimizer.superOffload)  // shadow master, m, v of the offloaded share
+  if (stage >= 1 && c.zero.offloadOptimizer.superOffload)  // shadow master, m, v of the offloaded share
     optim += c.zero.offloadOptimizer.ratio * 3 * d.N * kF * share;
   ModelState m;
-  m.parameters = static_cast<int64_t>(d.N * kF * share);
-  m.gradients = m.parameters;
+  // Stages 1 and 2 keep the full parameters beside the masters; stage 3 keeps only its masters.
+  m.parameters = static_cast<int64_t>(d.N * kF * (stage == 0 ? 1 : stage == 3 ? share : 1 + share));
+  // The gradient partitions (stage 0: the whole gradients); full gradients on their way to a
+  // reduce-scatter are counted by phase (evaluate).
+  m.gradients = static_cast<int64_t>(d.N * kF * share);
   m.optimizer = static_cast<int64_t>(optim);
   return m;
 }
@@ -267,7 +271,10 @@ Prediction evaluate(const train::Config& c, int world, int graphBlocks) {
   LT_CHECK(world >= 1 && world % c.sequenceParallelSize == 0, "plan: world size ", world,
            " is not a multiple of sequence_parallel_size=", c.sequenceParallelSize);
   const Dims d = dimsOf(c, world);
-  const bool z3 = c.zero.stage == 3;
+  const bool z3 = c.zero.stage == 3, zero = c.zero.stage >= 1;
+  // Stage 1 keeps gradients whole until the step's last micro-batch (with one micro-batch that
+  // is every one: it then buckets like stage 2).
+  const bool accumulatesWhole = c.zero.stage == 1 && c.gradAccum > 1;
   const double uD = d.B * d.s * d.D * kF;
   // Batch tensors: ids, labels, positions, shift_labels as int64 (the Ulysses loader
   // all-gathers the P batches and queues P shards: the same total), plus kv_recall's
@@ -296,7 +303,8 @@ Prediction evaluate(const train::Config& c, int world, int graphBlocks) {
     for (int k = 0; k < graphsBefore; ++k) p.acts.add(saved);
     p.params = params + (z3 ? (1 + graphsBefore) * d.blockN * kF : 0);  // ZeRO-3: block b gathered
     const double done = d.headN + (d.L - b) * d.blockN;  // gradients produced so far this step
-    if (z3) p.grads = grads + std::min(done, sgFull) * kF;  // full gradients waiting in buckets
+    if (accumulatesWhole) p.grads = grads + d.N * kF;
+    else if (zero) p.grads = grads + std::min(done, sgFull) * kF;  // full gradients waiting in buckets
     else p.grads = grads + (d.W > 1 ? (done - d.blockN) * kF : 0);  // all-reduce buffers of finished groups
     p.optim = optim;
     p.transient = block;
@@ -309,38 +317,42 @@ Prediction evaluate(const train::Config& c, int world, int graphBlocks) {
     p.acts.add(1, batch);
     for (int k = 0; k < graphBlocks; ++k) p.acts.add(saved);
     p.params = params + (z3 ? (d.headN + graphBlocks * d.blockN) * kF : 0);
-    p.grads = grads + (z3 ? std::min(d.headN, sgFull) * kF : 0);
+    p.grads = grads + (accumulatesWhole ? d.N * kF : zero ? std::min(d.headN, sgFull) * kF : 0);
     p.optim = optim;
     p.transient = lossCost(c, d);
     p.name = c.model.lossChunk > 0 ? "loss (logits tiles)" : "loss (whole logits)";
     phases.push_back(p);
   }
-  if (z3) {
-    // A bucket completes (Zero3::onBucket): its full gradients, the [W, partition] send
-    // buffer, one padded gradient, and (W > 1) the all-to-all's receive buffer
-    // (Comm::reduceScatter). Reduce-scatters still in flight when compute is short are not
-    // counted.
+  if (zero) {
+    // A bucket completes (Zero3::onBucket): its full gradients, a piece's [W, run] send
+    // buffer (at most reduce_bucket_size elements), one padded gradient, and (W > 1) the
+    // all-to-all's receive buffer (Comm::reduceScatter). Reduce-scatters still in flight when
+    // compute is short are not counted.
+    const double piece = std::min(sgFull, std::max(static_cast<double>(c.zero.reduceBucketSize), d.maxParam));
     Phase p;
     p.params = params;
     p.grads = grads;
-    p.transient.add(d.W > 1 ? 3 : 2, sgFull * kF);
+    p.transient.add(1, sgFull * kF);
+    p.transient.add(d.W > 1 ? 2 : 1, piece * kF);
     p.transient.add(1, d.maxParam * kF);
     p.optim = optim;
     p.acts.add(1, batch);
-    p.name = "ZeRO-3 gradient reduce-scatter";
+    p.name = "ZeRO gradient reduce-scatter";
     phases.push_back(p);
-    Phase o;  // step(): the global norm reads each sub-group's gradient as float64, squared
-    o.params = params;
+    Phase o;  // step(): the global norm reads each sub-group's gradient as float64, squared;
+    o.params = params;  // stages 1 and 2 then all-gather the masters, two runs in flight
     o.grads = grads;
     o.optim = optim;
     o.transient.add(2, 8 * sgFull / d.W);
+    if (!z3)
+      o.transient.add(2, std::min(d.N, std::max(static_cast<double>(c.zero.allgatherBucketSize), d.maxParam)) * kF);
     o.name = "optimizer step";
     phases.push_back(o);
     Phase i;  // construction: the whole model exists before Zero3 partitions it
-    i.params = d.N * kF + params;
+    i.params = z3 ? d.N * kF + params : params;
     i.grads = grads;
     i.optim = 2 * d.N * kF / d.W;
-    i.name = "ZeRO-3 construction";
+    i.name = "ZeRO construction";
     phases.push_back(i);
   } else {
     Phase o;  // the all-reduced flats wait until OptimizerStep; the norm is float64, squared

@@ -247,13 +247,16 @@ void checkProductsFit(const Config& c) {
       {"activation elements of one micro-batch",
        {{"data.seq_len", c.data.seqLen}, {"train_micro_batch_size_per_gpu", c.microBatch},
         {"the widest of model.hidden_size, intermediate_size, vocab_size", widest}, {"model.num_layers", c.model.layers}}},
-      {"attention scores of one micro-batch",
-       {{"data.seq_len", c.data.seqLen}, {"data.seq_len", c.data.seqLen}, {"model.num_heads", c.model.heads},
-        {"train_micro_batch_size_per_gpu", c.microBatch}}},
       {"weights of one layer", {{"model.hidden_size", c.model.hidden}, {"model.intermediate_size", c.model.intermediate},
                                 {"model.num_layers", c.model.layers}}},
       {"embedding weights", {{"model.vocab_size", c.model.vocabSize}, {"model.hidden_size", c.model.hidden}}}};
-  for (const auto& p : products) {
+  std::vector<Product> all(std::begin(products), std::end(products));
+  // Only naive attention holds a micro-batch's scores at once; fused and chunked attention tile them.
+  if (c.model.attention == "naive")
+    all.push_back({"attention scores of one micro-batch",
+                   {{"data.seq_len", c.data.seqLen}, {"data.seq_len", c.data.seqLen}, {"model.num_heads", c.model.heads},
+                    {"train_micro_batch_size_per_gpu", c.microBatch}}});
+  for (const auto& p : all) {
     long double v = 16;  // bytes per element with Adam's state, and headroom
     std::string keys;
     for (const auto& [k, x] : p.factors) {
@@ -296,6 +299,7 @@ Config parseConfig(const json& j, int worldSize) {
     c.optimizer.eps = p.getNum("eps", 1e-8, 0, 1);
     c.optimizer.weightDecay = p.getNum("weight_decay", 0.01, 0, 1e3);
     p.finish();
+    c.optimizer.decayEmbeddings = o.getBool("decay_embeddings", false);
     o.finish();
   }
   {
@@ -335,6 +339,16 @@ Config parseConfig(const json& j, int worldSize) {
     c.zero.stage = static_cast<int>(z.getInt("stage", 0, 0, 3));
     c.zero.subGroupSize = z.getInt("sub_group_size", 1000000000, 1, kBig);
     c.zero.reduceBucketSize = z.getInt("reduce_bucket_size", 500000000, 1, kBig);
+    c.zero.allgatherBucketSize = z.getInt("allgather_bucket_size", 500000000, 1, kBig);
+    c.zero.overlapComm = z.getBool("overlap_comm", true);
+    // DeepSpeed's switches for paths longtrain always takes: accepted when they say so.
+    for (const char* key : {"contiguous_gradients", "reduce_scatter"})
+      LT_CHECK(z.getBool(key, true), "config key 'zero_optimization.", key, "' = false: longtrain always copies ",
+               "gradients into contiguous buckets and reduce-scatters them (stages 1-3); remove the key or set it ",
+               "to true");
+    LT_CHECK(!z.getBool("round_robin_gradients", false), "config key 'zero_optimization.round_robin_gradients' = ",
+             "true: not implemented (it balances CPU-offloaded gradient copies, which longtrain does not make); ",
+             "remove the key or set it to false");
     c.zero.prefetchBucketSize = z.getInt("stage3_prefetch_bucket_size", 50000000, 0, kBig);
     c.zero.paramPersistenceThreshold = z.getInt("stage3_param_persistence_threshold", 100000, 0, kBig);
     c.zero.maxLiveParameters = z.getInt("stage3_max_live_parameters", 1000000000, 0, kBig);
@@ -345,6 +359,11 @@ Config parseConfig(const json& j, int worldSize) {
     c.zero.offloadOptimizer.cpuadamCoresPerc = off.getNum("cpuadam_cores_perc", 0.8, 0, 1);
     off.finish();
     z.finish();
+    const auto& off2 = c.zero.offloadOptimizer;
+    LT_CHECK(off2.device == "none" || c.zero.stage >= 1, "config key 'zero_optimization.offload_optimizer.device' = \"",
+             off2.device, "\" needs zero_optimization.stage 1, 2 or 3");
+    LT_CHECK(!off2.superOffload || off2.device == "cpu", "config key 'zero_optimization.offload_optimizer.",
+             "super_offload' = true needs offload_optimizer.device=\"cpu\"");
   }
   {
     Section cs = root.sub("compile");

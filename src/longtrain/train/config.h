@@ -19,6 +19,7 @@ namespace lt::train {
 struct OptimizerConfig {
   std::string type = "AdamW";  // "AdamW" | "Adam"
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.01;
+  bool decayEmbeddings = false;  // weight decay on the token embedding (matrices decay, norms never)
 };
 
 struct SchedulerConfig {
@@ -40,7 +41,8 @@ struct OffloadConfig {
 
 struct ZeroConfig {
   int stage = 0;
-  int64_t subGroupSize = 1000000000, reduceBucketSize = 500000000;
+  int64_t subGroupSize = 1000000000, reduceBucketSize = 500000000, allgatherBucketSize = 500000000;
+  bool overlapComm = true;
   int64_t prefetchBucketSize = 50000000, paramPersistenceThreshold = 100000, maxLiveParameters = 1000000000;
   OffloadConfig offloadOptimizer;
 };

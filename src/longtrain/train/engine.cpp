@@ -80,6 +80,22 @@ std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval) {
   return std::make_shared<data::TokenFileDataset>(d.path, width, d.seqLen, cfg.model.vocabSize, w);
 }
 
+namespace {
+
+// Weight-decay groups, in Model::parameters() order: matrices decay; norms never, and the
+// token embedding (the tied LM head with it) only with optimizer.decay_embeddings.
+std::vector<double> weightDecayOf(const model::Model& m, const OptimizerConfig& o) {
+  std::vector<double> out;
+  for (int g : m.groupOrder())
+    for (const auto& np : m.group(g)) {
+      const bool embedding = np.name == "model.embed_tokens.weight";
+      out.push_back(np.tensor.dim() >= 2 && (!embedding || o.decayEmbeddings) ? o.weightDecay : 0.0);
+    }
+  return out;
+}
+
+}  // namespace
+
 Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std::move(groups)) {
   const int P = groups_.sp->size();
   LT_ASSERT(P == cfg_.sequenceParallelSize);
@@ -88,13 +104,6 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
   LT_CHECK(lay.R == 1 || (groups_.spRing && groups_.spRing->size() == lay.R), "the config resolves sequence ",
            "parallelism to ", lay.describe(), " but the communicator groups were made without ring groups; ",
            "pass spRingDegree=", lay.R, " to comm::makeGroups");
-  LT_CHECK(cfg_.zero.stage == 0 || cfg_.zero.stage == 3, "zero_optimization.stage=", cfg_.zero.stage,
-           ": stages 1 and 2 are not implemented; use 0 (plain data parallelism) or 3");
-  LT_CHECK(cfg_.zero.offloadOptimizer.device == "none" || cfg_.zero.stage == 3,
-           "zero_optimization.offload_optimizer.device=\"", cfg_.zero.offloadOptimizer.device,
-           "\" needs zero_optimization.stage=3");
-  LT_CHECK(!cfg_.zero.offloadOptimizer.superOffload || cfg_.zero.offloadOptimizer.device == "cpu",
-           "zero_optimization.offload_optimizer.super_offload=true needs offload_optimizer.device=\"cpu\"");
   if (cfg_.bf16) cfg_.model.bf16Compute = chooseBf16();
   cfg_.model.packedDocuments = cfg_.data.packing == "documents";
   // With init_from the weights come from its safetensors (loadInitialWeights, below).
@@ -125,9 +134,15 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
 
   auto params = model_->parameters();
   const auto& o = cfg_.optimizer;
-  if (cfg_.zero.stage == 3) {
+  const std::vector<double> decay = weightDecayOf(*model_, o);
+  if (cfg_.zero.stage >= 1) {
     zero::Zero3Options zo;
+    zo.stage = cfg_.zero.stage;
     zo.subGroupSize = cfg_.zero.subGroupSize;
+    zo.reduceBucketSize = cfg_.zero.reduceBucketSize;
+    zo.allgatherBucketSize = cfg_.zero.allgatherBucketSize;
+    zo.overlapComm = cfg_.zero.overlapComm;
+    zo.weightDecay = decay;
     zo.gradientClipping = cfg_.gradientClipping;
     zo.adam.lr = o.lr;
     zo.adam.beta1 = o.beta1;
@@ -162,7 +177,7 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
     ap.weightDecay = o.weightDecay;
     ap.adamw = o.type == "AdamW";
     adam_ = std::make_unique<offload::CpuAdam>(ap, at::get_num_threads());
-    for (const auto& p : params) adam_->addGroup(p.numel());
+    for (size_t i = 0; i < params.size(); ++i) adam_->addGroup(params[i].numel(), {{0, params[i].numel(), decay[i]}});
   }
 
   if (!cfg_.model.initFrom.empty()) loadInitialWeights();
@@ -176,7 +191,7 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
   passCtx_.maxLiveBytes = cfg_.zero.maxLiveParameters * 4;
   passCtx_.persistenceThresholdBytes = cfg_.zero.paramPersistenceThreshold * 4;
   passCtx_.memoryBudgetBytes = passCtx_.maxLiveBytes;
-  const bool z3 = zero_ != nullptr;
+  const bool z3 = cfg_.zero.stage == 3;
   std::vector<std::string> fixed = z3 ? std::vector<std::string>{"zero3", "free_activations"}
                                       : std::vector<std::string>{"free_activations"};
   if (cfg_.compile.deepcompile) {
@@ -195,11 +210,13 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
   program_ = compile::applyPasses(base_, fixed, passCtx_);
   activePasses_ = fixed;
   compile::Hooks hooks;
-  if (zero_) {
+  if (z3) {
     hooks.gather = [this](int g) { zero_->gather(g); };
     hooks.prefetch = [this](int g) { zero_->prefetch(g); };
     hooks.gatheredBytes = [this] { return zero_->ledger().gatheredBytes; };
     hooks.release = [this](int g) { zero_->release(g); };
+    hooks.reduceGrads = [this](int g, bool boundary) { zero_->reduceGrads(g, boundary); };
+  } else if (zero_) {  // stages 1 and 2: gradients into partitions, parameters stay whole
     hooks.reduceGrads = [this](int g, bool boundary) { zero_->reduceGrads(g, boundary); };
   } else if (groups_.world->size() > 1) {
     hooks.reduceGrads = [this](int g, bool boundary) { reduceGrads(g, boundary); };
@@ -290,6 +307,7 @@ std::vector<at::Tensor> Engine::fullParameters() {
 // it) from the mapped files: the rest of the model is never read into this rank's memory.
 void Engine::loadInitialWeights() {
   ckpt::HfWeights w(cfg_.model.initFrom);
+  if (zero_) zero_->resetState(0, 0);  // masters are filled below; stages 1 and 2 refresh replicas after
   std::vector<ckpt::ExpectedTensor> expected;
   for (const auto& m : parameterMeta()) expected.push_back({m.name, m.shape});
   w.check(expected, cfg_.model.tieEmbeddings);
@@ -356,8 +374,12 @@ void Engine::reduceGrads(int group, bool boundary) {
   std::vector<at::Tensor> gs;
   for (const auto& p : model_->group(group)) gs.push_back(p.tensor.grad().reshape({-1}));
   auto flat = at::cat(gs);  // [group numel]
-  comm::Work w = groups_.world->allReduce(flat);
-  pending_.push({group, flat, std::move(w)});
+  std::vector<comm::Work> works;  // pieces of at most reduce_bucket_size elements
+  for (int64_t off = 0, n = flat.numel(); off < n; off += cfg_.zero.reduceBucketSize) {
+    works.push_back(groups_.world->allReduce(flat.narrow(0, off, std::min(cfg_.zero.reduceBucketSize, n - off))));
+    if (!cfg_.zero.overlapComm) works.back().wait();
+  }
+  pending_.push({group, flat, std::move(works)});
 }
 
 void Engine::optimizerStep() {
@@ -369,7 +391,7 @@ void Engine::optimizerStep() {
   const double invDp = 1.0 / groups_.dp->size();
   while (!pending_.empty()) {
     PendingReduce r = pending_.pop();
-    r.work.wait();
+    for (auto& w : r.works) w.wait();
     r.flat.mul_(invDp);
     int64_t off = 0;
     for (const auto& p : model_->group(r.group)) {
@@ -400,6 +422,7 @@ void Engine::optimizerStep() {
 
 StepMetrics Engine::step() {
   auto t0 = std::chrono::steady_clock::now();
+  if (zero_) zero_->syncParameters();  // after a restore at stages 1 and 2
   if (auto e = schedule_.take(step_)) recompile(e->passes, step_);
   ++step_;
   lastLr_ = currentLr();
@@ -455,6 +478,7 @@ StepMetrics Engine::step() {
 EvalMetrics Engine::evaluate() {
   EvalMetrics e;
   if (!eval_) return e;
+  if (zero_) zero_->syncParameters();
   // Each DP group takes every dp-th eval sample; the SP ranks of a group take their shards.
   const int dpRank = groups_.dp->rank(), dpSize = groups_.dp->size();
   double lossSum = 0, tokens = 0, correct = 0;

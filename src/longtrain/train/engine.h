@@ -33,7 +33,7 @@ struct StepMetrics {
   int64_t tokens = 0;      // tokens processed by all ranks in this step
   double stepTimeS = 0;
   int64_t peakRssBytes = 0;  // max over ranks
-  zero::ZeroStepResult zero;  // ZeRO-3 only: skip, speculation and optimizer timings
+  zero::ZeroStepResult zero;  // ZeRO stages 1-3: skip, speculation and optimizer timings
   double exposedGatherS = 0;     // time the first micro-batch waited in Gather instructions
   int64_t activationPeakBytes = 0;  // kept block inputs on the device, at their peak
 };
@@ -52,7 +52,7 @@ class Engine {
   EvalMetrics evaluate();
 
   const model::Model& model() const { return *model_; }
-  // Every parameter, whole (under ZeRO-3 gathered from the partitions: a collective).
+  // Every parameter, whole (under ZeRO gathered from the master partitions: a collective).
   std::vector<at::Tensor> fullParameters();
   zero::Zero3* zero() { return zero_.get(); }
   // Called on every rank when a schedule entry rebuilds the program (0-based step).
@@ -74,8 +74,8 @@ class Engine {
     std::vector<int64_t> shape;
   };
   std::vector<ParamMeta> parameterMeta() const;  // Model::parameters() order
-  // true under ZeRO-3 (each rank holds a chunk of every parameter); false: every rank holds
-  // everything, identical across ranks.
+  // true under ZeRO stages 1-3 (each rank holds a chunk of every master and Adam state);
+  // false: every rank holds everything, identical across ranks.
   bool statePartitioned() const { return zero_ != nullptr; }
   // This rank's pieces of parameter, master and Adam state, as views of the live buffers.
   std::vector<zero::StateShard> stateShards();
@@ -111,7 +111,7 @@ class Engine {
   std::unique_ptr<sp::UlyssesLoader> ulysses_;  // SP > 1 (owns this rank's loader)
   data::Loader* spLoader_ = nullptr;             // SP > 1: the loader inside ulysses_
   std::unique_ptr<offload::CpuAdam> adam_;  // stage 0: one group per parameter
-  std::unique_ptr<zero::Zero3> zero_;       // ZeRO stage 3 (replaces adam_)
+  std::unique_ptr<zero::Zero3> zero_;       // ZeRO stages 1-3 (replaces adam_)
   zero::ZeroStepResult lastZero_;
   compile::Program base_, program_;
   compile::Schedule schedule_;
@@ -123,7 +123,7 @@ class Engine {
   struct PendingReduce {
     int group;
     at::Tensor flat;
-    comm::Work work;
+    std::vector<comm::Work> works;  // one per reduce_bucket_size piece
   };
   Fifo<PendingReduce> pending_;
   int64_t step_ = 0;

@@ -307,9 +307,12 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
                          {"model_flops_per_token", flopsPerToken},
                          {"gemm_peak_flops", gemmPeak}};
         j["skipped_steps"] = engine.skippedSteps();
+        j["rss_bytes"] = currentRssBytes();  // rank 0's, now (leak watch: with open_fds)
+        j["open_fds"] = openFileDescriptors();
         if (auto* z = engine.zero()) {
           const auto& l = z->ledger();
           j["zero_param_bytes"] = l.paramBytes;
+          if (z->stage() < 3) j["zero_replica_bytes"] = l.replicaBytes;
           j["zero_grad_bytes"] = l.gradBytes;
           j["zero_optim_bytes"] = l.optimBytes;
           j["zero_rollback_bytes"] = l.rollbackBytes;

@@ -20,6 +20,7 @@ namespace lt::zero {
 
 Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSize, Zero3Options o)
     : world_(std::move(world)), dpSize_(dpSize), o_(std::move(o)) {
+  LT_ASSERT(o_.stage >= 1 && o_.stage <= 3, "ZeRO stage ", o_.stage);
   const int W = world_->size(), r = world_->rank();
   // Parameters in model order, cut into sub-groups of at most subGroupSize elements.
   groupParams_.resize(m.numGroups());
@@ -45,7 +46,10 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
       groupParams_[g].push_back(static_cast<int>(params_.size()));
       params_.push_back(pi);
       ledger_.unpartitionedBytes += pi.numel * 16;
+      if (o_.stage < 3) ledger_.replicaBytes += pi.numel * 4;
     }
+  LT_ASSERT(o_.weightDecay.empty() || o_.weightDecay.size() == params_.size(), "weightDecay has ",
+            o_.weightDecay.size(), " entries for ", params_.size(), " parameters");
   adam_ = std::make_unique<offload::CpuAdam>(o_.adam, std::max(1, o_.workerCores));
   const int n = numSubGroups();
   const int offloaded = o_.superOffload ? static_cast<int>(std::lround(o_.ratio * n)) : 0;
@@ -54,7 +58,11 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
     auto& sg = subGroups_[s];
     sg.master = at::zeros({sg.partNumel}, at::kFloat);
     sg.grad = at::zeros({sg.partNumel}, at::kFloat);
-    sg.adamGroup = adam_->addGroup(sg.partNumel);
+    std::vector<offload::DecaySpan> decay;  // each parameter's chunk keeps its own weight decay
+    for (int i : sg.params)
+      decay.push_back({params_[i].offset, params_[i].chunk,
+                       o_.weightDecay.empty() ? o_.adam.weightDecay : o_.weightDecay[i]});
+    sg.adamGroup = adam_->addGroup(sg.partNumel, decay);
     // Backward completes the last sub-groups first: offloading those overlaps the most.
     sg.offloaded = s >= n - offloaded;
     counts.push_back(static_cast<int>(sg.params.size()));
@@ -63,12 +71,12 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
     ledger_.optimBytes += sg.partNumel * 8;
     if (sg.offloaded) ledger_.rollbackBytes += sg.partNumel * 12;
   }
-  // Keep this rank's chunk of every (identically initialized) parameter, then free the rest.
+  // Keep this rank's chunk of every (identically initialized) parameter; stage 3 frees the rest.
   for (auto& pi : params_) {
     auto flat = pi.tensor.detach().reshape({-1});
     int64_t lo = std::min(pi.numel, r * pi.chunk), hi = std::min(pi.numel, (r + 1) * pi.chunk);
     if (hi > lo) subGroups_[pi.subGroup].master.narrow(0, pi.offset, hi - lo).copy_(flat.slice(0, lo, hi));
-    pi.tensor.set_data(at::empty({0}, pi.tensor.options()));
+    if (o_.stage == 3) pi.tensor.set_data(at::empty({0}, pi.tensor.options()));
   }
   pendingGathers_.resize(groupParams_.size());
   buckets_ = std::make_unique<IpgBuckets>(counts, [this](int sg, std::vector<GradItem>& items) { onBucket(sg, items); });
@@ -84,6 +92,7 @@ void Zero3::setLr(double lr) { adam_->setLr(lr); }
 
 // ---------------------------------------------------------------------------- gather/release
 void Zero3::prefetch(int group) {
+  if (o_.stage < 3) return;  // parameters are whole
   const int W = world_->size();
   auto& pend = pendingGathers_[group];
   for (int i : groupParams_[group]) {
@@ -100,6 +109,7 @@ void Zero3::prefetch(int group) {
 }
 
 void Zero3::gather(int group) {
+  if (o_.stage < 3) return;
   prefetch(group);  // starts whatever is not gathered or in flight
   for (auto& pg : pendingGathers_[group]) {
     pg.work.wait();
@@ -118,6 +128,7 @@ void Zero3::releaseAll() {
 }
 
 void Zero3::release(int group) {
+  if (o_.stage < 3) return;
   for (int i : groupParams_[group]) {
     auto& pi = params_[i];
     if (pi.tensor.numel() != pi.numel) continue;
@@ -173,10 +184,69 @@ void Zero3::resetState(int64_t adamStep, int64_t skippedSteps) {
     sg.speculated = false;
   }
   skipped_ = skippedSteps;
+  replicasStale_ = o_.stage < 3;  // the caller fills the masters; syncParameters() copies them out
+}
+
+void Zero3::syncParameters() {
+  if (!replicasStale_) return;
+  gatherReplicas();
+  replicasStale_ = false;
+}
+
+// Runs of whole parameters whose W gathered chunks hold at most maxElements (at least one
+// parameter each: a bigger one travels alone).
+std::vector<Zero3::Run> Zero3::runs(const SubGroup& sg, int64_t maxElements) const {
+  const int64_t W = world_->size();
+  std::vector<Run> out;
+  for (int k = 0; k < static_cast<int>(sg.params.size()); ++k) {
+    const auto& pi = params_[sg.params[k]];
+    if (!out.empty() && (out.back().length + pi.chunk) * W <= maxElements) {
+      out.back().last = k + 1;
+      out.back().length += pi.chunk;
+    } else {
+      out.push_back({k, k + 1, pi.offset, pi.chunk});
+    }
+  }
+  return out;
+}
+
+comm::Work Zero3::issue(comm::Work w) {
+  if (!o_.overlapComm) w.wait();
+  return w;
+}
+
+// Stages 1 and 2: every rank's updated master chunks, all-gathered run by run (one in flight
+// while the previous one is copied out) into the full parameters.
+void Zero3::gatherReplicas() {
+  const int W = world_->size();
+  struct InFlight {
+    const SubGroup* sg;
+    Run run;
+    at::Tensor out;  // [W, run.length]
+    comm::Work work;
+  };
+  auto unpack = [&](InFlight& f) {
+    f.work.wait();
+    for (int k = f.run.first; k < f.run.last; ++k) {
+      auto& pi = params_[f.sg->params[k]];
+      auto padded = f.out.narrow(1, pi.offset - f.run.offset, pi.chunk).reshape({-1});  // [W * chunk]
+      pi.tensor.detach().view({-1}).copy_(padded.narrow(0, 0, pi.numel));
+    }
+  };
+  std::optional<InFlight> prev;
+  for (const auto& sg : subGroups_)
+    for (const Run& run : runs(sg, o_.allgatherBucketSize)) {
+      auto out = at::empty({W, run.length}, at::kFloat);
+      InFlight f{&sg, run, out, issue(world_->allGather(out.view({-1}), sg.master.narrow(0, run.offset, run.length)))};
+      if (prev) unpack(*prev);
+      prev = std::move(f);
+    }
+  if (prev) unpack(*prev);
 }
 
 // ---------------------------------------------------------------------------- gradients
 void Zero3::reduceGrads(int group, bool boundary) {
+  if (o_.stage == 1 && !boundary) return;  // stage 1: gradients accumulate whole until the boundary
   boundary_ = boundary;
   for (int i : groupParams_[group]) {
     auto& pi = params_[i];
@@ -196,19 +266,26 @@ void Zero3::reduceGrads(int group, bool boundary) {
 void Zero3::onBucket(int sgId, std::vector<GradItem>& items) {
   const int W = world_->size();
   auto& sg = subGroups_[sgId];
-  // send row j = chunk j of every parameter of the sub-group, so one reduce-scatter hands
-  // rank j exactly its partition. Missing gradients stay zero.
-  auto send = at::zeros({W, sg.partNumel}, at::kFloat);
-  for (auto& it : items) {
-    auto& pi = params_[it.param];
-    auto padded = at::zeros({W * pi.chunk}, at::kFloat);
-    padded.narrow(0, 0, pi.numel).copy_(it.grad.reshape({-1}));
-    send.narrow(1, pi.offset, pi.chunk).copy_(padded.view({W, pi.chunk}));
-    it.grad = at::Tensor();
+  std::vector<at::Tensor> grads(sg.params.size());  // by position in the sub-group; missing: zero
+  for (auto& it : items) grads[it.param - sg.params.front()] = std::move(it.grad);
+  const std::vector<Run> pieces = runs(sg, o_.reduceBucketSize);
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    const Run& run = pieces[p];
+    // send row j = chunk j of every parameter of the run, so one reduce-scatter hands rank j
+    // exactly its part of the partition.
+    auto send = at::zeros({W, run.length}, at::kFloat);
+    for (int k = run.first; k < run.last; ++k) {
+      if (!grads[k].defined()) continue;
+      auto& pi = params_[sg.params[k]];
+      auto padded = at::zeros({W * pi.chunk}, at::kFloat);
+      padded.narrow(0, 0, pi.numel).copy_(grads[k].reshape({-1}));
+      send.narrow(1, pi.offset - run.offset, pi.chunk).copy_(padded.view({W, pi.chunk}));
+      grads[k] = at::Tensor();
+    }
+    auto recv = at::empty({run.length}, at::kFloat);
+    comm::Work w = issue(world_->reduceScatter(recv, send.view({-1})));
+    pending_.push({sgId, boundary_, p + 1 == pieces.size(), run.offset, recv, std::move(w)});
   }
-  auto recv = at::empty({sg.partNumel}, at::kFloat);
-  comm::Work w = world_->reduceScatter(recv, send.view({-1}));
-  pending_.push({sgId, boundary_, recv, std::move(w)});
 }
 
 void Zero3::pollReduces(bool block) {
@@ -220,8 +297,8 @@ void Zero3::pollReduces(bool block) {
 
 void Zero3::finishReduce(PendingReduce& r) {
   r.work.wait();
-  subGroups_[r.subGroup].grad.add_(r.recv, 1.0 / dpSize_);
-  if (r.boundary) gradFinal(r.subGroup);
+  subGroups_[r.subGroup].grad.narrow(0, r.offset, r.recv.numel()).add_(r.recv, 1.0 / dpSize_);
+  if (r.boundary && r.last) gradFinal(r.subGroup);  // pieces finish in order
 }
 
 void Zero3::gradFinal(int sgId) {
@@ -330,6 +407,7 @@ ZeroStepResult Zero3::step() {
     for (int s = 0; s < numSubGroups(); ++s)
       if (!subGroups_[s].speculated) stepSubGroup(s);
     res.adamSeconds = std::chrono::duration<double>(Clock::now() - t1).count();
+    if (o_.stage < 3) gatherReplicas();  // a skipped step leaves masters and replicas as they were
   }
   for (auto& sg : subGroups_) {
     sg.grad.zero_();

@@ -1,12 +1,20 @@
-// ZeRO stage 3 with SuperOffload (DeepSpeed stage3.py + superoffload/). Every parameter is
-// partitioned over the world (padded to a multiple of it; rank r owns chunk r). Parameters
+// ZeRO stages 1, 2 and 3 with SuperOffload (DeepSpeed stage_1_and_2.py, stage3.py,
+// superoffload/). The fp32 master and Adam states of every parameter are partitioned over the
+// world (padded to a multiple of it; rank r owns chunk r); stage 2 adds the gradients and
+// stage 3 the parameters themselves. Stages 1 and 2 keep the model's full parameters as a
+// replica that step() refreshes by all-gathering the updated masters (DeepSpeed's fp16
+// partitions); stage 1 lets gradients accumulate whole until the step's last micro-batch and
+// reduce-scatters them once, stage 2 reduce-scatters every micro-batch as stage 3 does. One
+// class for the three: what differs is only where the full copies live. Parameters
 // are grouped, in model order, into optimizer sub-groups of at most sub_group_size elements
 // (a parameter is never split between sub-groups); each sub-group's fp32 master, gradient
 // and Adam state partitions are flat buffers.
-// - gather(g) all-gathers block g's parameters into full tensors; release(g) frees them.
+// - gather(g) all-gathers block g's parameters into full tensors; release(g) frees them
+//   (stage 3; no-ops at stages 1 and 2, whose parameters stay whole).
 // - reduceGrads(g) hands block g's full gradients to the IPG buckets (one per sub-group,
-//   waiting gradients in an O(1) Fifo); a completed bucket is reduce-scattered (async) into
-//   the sub-group's gradient partition, and the full gradients are freed.
+//   waiting gradients in an O(1) Fifo); a completed bucket is reduce-scattered (async, in
+//   pieces of at most reduce_bucket_size elements) into the sub-group's gradient partition,
+//   and the full gradients are freed.
 // - With super_offload, a sub-group whose gradient is final is stepped at once by the CPU
 //   Adam worker (its own pinned cores) while backward goes on, before the global norm and
 //   the finite check are known (speculation). step() validates: on a non-finite gradient it
@@ -37,7 +45,14 @@
 namespace lt::zero {
 
 struct Zero3Options {
+  int stage = 3;                     // 1, 2 or 3
   int64_t subGroupSize = 1000000000;
+  int64_t reduceBucketSize = 500000000;     // elements per reduce-scatter (whole parameters)
+  int64_t allgatherBucketSize = 500000000;  // elements per all-gather refreshing stage 1/2 replicas
+  bool overlapComm = true;           // false: wait for each collective as it is issued
+  // Decoupled (AdamW) or L2 weight decay per parameter, in Model::parameters() order; empty:
+  // adam.weightDecay for every parameter.
+  std::vector<double> weightDecay;
   double gradientClipping = 0;   // 0: off
   offload::AdamParams adam;
   bool superOffload = false;     // speculative CPU Adam on a worker during backward
@@ -53,7 +68,8 @@ struct Ledger {
   int64_t gradBytes = 0;       // fp32 gradient partitions
   int64_t optimBytes = 0;      // Adam m and v partitions
   int64_t rollbackBytes = 0;   // shadow master, m, v for exact rollback (super_offload only)
-  int64_t gatheredBytes = 0;   // full parameters gathered right now
+  int64_t replicaBytes = 0;    // stages 1 and 2: the model's full parameters
+  int64_t gatheredBytes = 0;   // full parameters gathered right now (stage 3)
   int64_t gatheredPeakBytes = 0;
   int64_t unpartitionedBytes = 0;  // params + grads + Adam states of the whole model, fp32
 };
@@ -96,6 +112,9 @@ class Zero3 {
   // speculative steps use it.
   void setLr(double lr);
   ZeroStepResult step();
+  // Stages 1 and 2: refreshes the full parameters from the masters if they changed outside
+  // step() (a checkpoint or init_from load). Collective; every rank calls it at the same point.
+  void syncParameters();
 
   const Ledger& ledger() const { return ledger_; }
   int numSubGroups() const { return static_cast<int>(subGroups_.size()); }
@@ -113,6 +132,7 @@ class Zero3 {
   // Before loading: zeroes master, m and v (padding included), sets every sub-group's step
   // count and drops gathered copies; the caller then fills stateShards().
   void resetState(int64_t adamStep, int64_t skippedSteps);
+  int stage() const { return o_.stage; }
   at::Tensor masterPartition(int sg) { return subGroups_[sg].master; }
 
  private:
@@ -135,8 +155,15 @@ class Zero3 {
   struct PendingReduce {
     int subGroup;
     bool boundary;
-    at::Tensor recv;  // [partNumel]
+    bool last;        // the sub-group's last piece
+    int64_t offset;   // of the piece in the sub-group's partition
+    at::Tensor recv;  // [piece length]
     comm::Work work;
+  };
+  // Parameters [first, last) of a sub-group: a run of whole parameters sent as one collective.
+  struct Run {
+    int first, last;
+    int64_t offset, length;  // in the sub-group's partition
   };
   struct Task {
     int subGroup;
@@ -147,6 +174,9 @@ class Zero3 {
     comm::Work work;
   };
 
+  std::vector<Run> runs(const SubGroup& sg, int64_t maxElements) const;
+  void gatherReplicas();
+  comm::Work issue(comm::Work w);
   void onBucket(int sg, std::vector<GradItem>& items);
   void pollReduces(bool block);
   void finishReduce(PendingReduce& r);
@@ -172,6 +202,7 @@ class Zero3 {
   Ledger ledger_;
   int64_t skipped_ = 0;
   std::optional<std::pair<int, float>> inject_;
+  bool replicasStale_ = false;  // stages 1 and 2: masters changed since the last all-gather
 
   Channel<Task> tasks_;
   Channel<int> results_;  // sub-group ids stepped by the worker (-1 - sg on failure)
