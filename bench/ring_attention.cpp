@@ -41,7 +41,7 @@ struct Mode {
 // Bytes one rank receives in one forward + backward (fp32): Ulysses moves (U-1)/U of q, k, v
 // (kv heads replicated up to U) and the output each way; the ring receives R-1 K/V shards in
 // forward, again in backward, and R-1 dK/dV shards in the reduce-scatter.
-double bytesPerRank(const Shape& s, const lt::sp::Layout& l) {
+double bytesPerRank(const Shape& s, const lt::config::ParallelLayout& l) {
   const double n = static_cast<double>(s.S) / l.P, U = l.U, R = l.R;
   const double kvHeads = std::max<double>(static_cast<double>(s.KV), U);  // replicated to U when fewer
   double b = 0;
@@ -53,9 +53,9 @@ double bytesPerRank(const Shape& s, const lt::sp::Layout& l) {
 
 // Causal (query, key) pairs the ranks' queries see, max / min over ranks: the work zigzag
 // balances, free of timing noise. Under Ulysses a rank's queries are its Ulysses group's.
-double pairImbalance(const Shape& s, const lt::sp::Layout& l) {
+double pairImbalance(const Shape& s, const lt::config::ParallelLayout& l) {
   std::vector<double> pairs(l.R, 0);
-  for (int r = 0; r < l.P; ++r) pairs[l.ringRankOf(r)] += (l.tokenIndex(r, s.S / l.P) + 1).sum().item<double>();
+  for (int r = 0; r < l.P; ++r) pairs[l.ringRankOf(r)] += (lt::sp::tokenIndex(l, r, s.S / l.P) + 1).sum().item<double>();
   return *std::max_element(pairs.begin(), pairs.end()) / *std::min_element(pairs.begin(), pairs.end());
 }
 
@@ -63,7 +63,7 @@ struct Result {
   double stepS = 0, computeMax = 0, computeMin = 0, maxErr = 0;
 };
 
-Result run(const Shape& s, const lt::sp::Layout& l, int iters, int64_t chunk, const at::Tensor& q, const at::Tensor& k,
+Result run(const Shape& s, const lt::config::ParallelLayout& l, int iters, int64_t chunk, const at::Tensor& q, const at::Tensor& k,
            const at::Tensor& v, const at::Tensor& dO, const at::Tensor& refOut) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<double> step(l.P, 0), compute(l.P, 0), err(l.P, 0);
@@ -79,7 +79,7 @@ Result run(const Shape& s, const lt::sp::Layout& l, int iters, int64_t chunk, co
         return lt::model::fusedAttention(a, b, c);
       };
       auto attn = lt::sp::sequenceParallelAttention(g.spUlysses, g.spRing, l, r, core, chunk, &seconds);
-      auto idx = l.tokenIndex(r, s.S / l.P);
+      auto idx = lt::sp::tokenIndex(l, r, s.S / l.P);
       auto mine = [&](const at::Tensor& t) { return t.index_select(1, idx).contiguous().requires_grad_(true); };
       auto qi = mine(q), ki = mine(k), vi = mine(v);
       auto gi = dO.index_select(1, idx).contiguous();
@@ -130,9 +130,9 @@ int main(int argc, char** argv) {
                                    {4, 1, "contiguous"}, {4, 2, "zigzag"},     {4, 4, "contiguous"},
                                    {4, 4, "zigzag"}};
   for (const auto& m : modes) {
-    lt::sp::Layout l;
+    lt::config::ParallelLayout l;
     try {
-      l = lt::sp::chooseLayout(m.P, s.H, s.KV, m.R, m.balance);
+      l = lt::config::ParallelLayout::make(m.P, m.P, s.H, s.KV, m.R, m.balance);
     } catch (const lt::Error& e) {
       std::printf("| %d | R=%d %s | skipped: %s |\n", m.P, m.R, m.balance, e.what());
       continue;

@@ -40,7 +40,7 @@ TEST(Bf16, LossesTrackFp32OverFiftySteps) {
 TEST(Bf16, Fp16IsRefusedByName) {
   auto j = quickLike();
   j["fp16"] = {{"enabled", true}};
-  auto msg = lt::testing::errorOf([&] { lt::train::parseConfig(j, 1); });
+  auto msg = lt::testing::errorOf([&] { lt::config::parseConfig(j, 1); });
   EXPECT_NE(msg.find("fp16.enabled"), std::string::npos) << msg;
   EXPECT_NE(msg.find("bf16.enabled"), std::string::npos) << msg;
 }

@@ -118,13 +118,13 @@ struct Resumed {
 Resumed saveThenResume(const Layout& a, const Layout& b, int k, int n, const fs::path& root,
                        const lt::ckpt::StageHook& hook = {}) {
   lt::testing::runRanks(a.world, a.sp, [&](int, lt::comm::Groups& g) {
-    lt::train::Engine e(lt::train::parseConfig(a.cfg, a.world), g);
+    lt::train::Engine e(lt::config::parseConfig(a.cfg, a.world), g);
     for (int s = 0; s < k; ++s) e.step();
     lt::ckpt::save(e, root.string(), 0, hook);
   });
   Resumed out;
   lt::testing::runRanks(b.world, b.sp, [&](int r, lt::comm::Groups& g) {
-    lt::train::Engine e(lt::train::parseConfig(b.cfg, b.world), g);
+    lt::train::Engine e(lt::config::parseConfig(b.cfg, b.world), g);
     lt::ckpt::Checkpoint c(lt::ckpt::resolve(root.string()));
     lt::ckpt::load(e, c);
     EXPECT_EQ(e.globalStep(), c.manifest().step);
@@ -254,7 +254,7 @@ TEST(AsyncSave, CheckpointsEqualSynchronousOnesWhileTrainingContinues) {
   auto syncRoot = freshDir("sync"), asyncRoot = freshDir("async");
   for (bool async : {false, true}) {
     lt::testing::runRanks(2, 1, [&](int, lt::comm::Groups& g) {
-      lt::train::Engine e(lt::train::parseConfig(j, 2), g);
+      lt::train::Engine e(lt::config::parseConfig(j, 2), g);
       lt::ckpt::AsyncSaver saver;
       for (int s = 0; s < 4; ++s) {
         e.step();
@@ -292,7 +292,7 @@ TEST(CrashDuringSave, EveryStageLeavesALoadableCheckpoint) {
     auto root = freshDir("crash_" + stage);
     bool crashed = false;
     lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
-      lt::train::Engine e(lt::train::parseConfig(j, 1), g);
+      lt::train::Engine e(lt::config::parseConfig(j, 1), g);
       for (int s = 0; s < 2; ++s) e.step();
       lt::ckpt::save(e, root.string(), 1);
       for (int s = 2; s < 4; ++s) e.step();
@@ -310,7 +310,7 @@ TEST(CrashDuringSave, EveryStageLeavesALoadableCheckpoint) {
     EXPECT_EQ(fs::path(latest).filename(), committed ? "step-00000004" : "step-00000002") << stage;
     Resumed got;
     lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
-      lt::train::Engine e(lt::train::parseConfig(j, 1), g);
+      lt::train::Engine e(lt::config::parseConfig(j, 1), g);
       lt::ckpt::load(e, lt::ckpt::Checkpoint(latest));
       for (int s = e.globalStep(); s < n; ++s) got.losses.push_back(e.step().loss);
     });
@@ -324,7 +324,7 @@ TEST(Checkpoint, CorruptTruncatedOrMissingFilesAreRefusedByName) {
   auto root = freshDir("corrupt");
   json j = zero3(baseConfig(), false);
   lt::testing::runRanks(2, 1, [&](int, lt::comm::Groups& g) {
-    lt::train::Engine e(lt::train::parseConfig(j, 2), g);
+    lt::train::Engine e(lt::config::parseConfig(j, 2), g);
     e.step();
     lt::ckpt::save(e, root.string(), 0);
   });
@@ -360,7 +360,7 @@ TEST(Checkpoint, KeepLastPrunesOnlyOlderCompleteCheckpoints) {
   auto root = freshDir("prune");
   fs::create_directories(root / "step-00000000");  // an incomplete leftover of a crash
   lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
-    lt::train::Engine e(lt::train::parseConfig(baseConfig(), 1), g);
+    lt::train::Engine e(lt::config::parseConfig(baseConfig(), 1), g);
     for (int s = 0; s < 5; ++s) {
       e.step();
       lt::ckpt::save(e, root.string(), 2);
@@ -375,7 +375,7 @@ TEST(Checkpoint, KeepLastPrunesOnlyOlderCompleteCheckpoints) {
 TEST(Checkpoint, AnotherModelOrBatchSizeIsRefusedNamingTheKey) {
   auto root = freshDir("mismatch");
   lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
-    lt::train::Engine e(lt::train::parseConfig(baseConfig(), 1), g);
+    lt::train::Engine e(lt::config::parseConfig(baseConfig(), 1), g);
     e.step();
     lt::ckpt::save(e, root.string(), 0);
   });
@@ -386,9 +386,9 @@ TEST(Checkpoint, AnotherModelOrBatchSizeIsRefusedNamingTheKey) {
   batch["train_micro_batch_size_per_gpu"] = 4;
   std::string e1, e2;
   lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
-    lt::train::Engine a(lt::train::parseConfig(other, 1), g);
+    lt::train::Engine a(lt::config::parseConfig(other, 1), g);
     e1 = errorOf([&] { lt::ckpt::load(a, c); });
-    lt::train::Engine b(lt::train::parseConfig(batch, 1), g);
+    lt::train::Engine b(lt::config::parseConfig(batch, 1), g);
     e2 = errorOf([&] { lt::ckpt::load(b, c); });
   });
   EXPECT_NE(e1.find("model/intermediate_size"), std::string::npos) << e1;
@@ -435,9 +435,9 @@ TEST(Export, ConsolidatedHuggingFaceFileFromZeroShards) {
     json j = zero3(baseConfig(), false);
     j["model"]["tie_word_embeddings"] = tied;
     std::vector<at::Tensor> full;
-    std::vector<lt::train::Engine::ParamMeta> meta;
+    std::vector<lt::ckpt::ParamMeta> meta;
     lt::testing::runRanks(2, 1, [&](int r, lt::comm::Groups& g) {
-      lt::train::Engine e(lt::train::parseConfig(j, 2), g);
+      lt::train::Engine e(lt::config::parseConfig(j, 2), g);
       e.step();
       lt::ckpt::save(e, root.string(), 0);
       auto p = e.fullParameters();

@@ -73,7 +73,7 @@ TEST(Cli, TwoProcessesMatchOneWithAccumulation) {
     for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens", "step_time_s", "tokens_per_s", "peak_rss_bytes"})
       EXPECT_TRUE(b[i].contains(k)) << k;
     double la = a[i]["loss"], lb = b[i]["loss"];
-    EXPECT_LE(std::abs(la - lb) / la, 1e-5) << "step " << i + 1;
+    EXPECT_LE(std::abs(la - lb) / la, lt::testing::Tol::kDataParallel) << "step " << i + 1;
   }
   EXPECT_TRUE(b.back().contains("eval_accuracy"));
 }
@@ -96,7 +96,7 @@ TEST(Cli, SequenceParallelMatchesOneProcess) {
     double la = a[i]["loss"], lb = b[i]["loss"];
     worst = std::max(worst, std::abs(la - lb) / la);
   }
-  EXPECT_LE(worst, 1e-3);
+  EXPECT_LE(worst, lt::testing::Tol::kSequenceParallel);  // measured 8.9e-8 (AMD EPYC, AVX-512)
   std::printf("SP=2 vs SP=1: worst relative loss difference over 10 steps %.3g\n", worst);
 }
 

@@ -16,6 +16,7 @@
 #include "longtrain/ckpt/safetensors.h"
 #include "longtrain/core/check.h"
 #include "longtrain/data/data.h"
+#include "longtrain/train/engine.h"
 #include "testing.h"
 
 namespace {
@@ -157,8 +158,58 @@ TEST(Fuzz, ConfigParser) {
       in = j.dump();
     }
     const int world = 1 + static_cast<int>(r.below(4));
-    if (!survives([&] { lt::train::parseConfig(j, world); }, "config", in, &t.rejected)) return;
+    if (!survives([&] { lt::config::parseConfig(j, world); }, "config", in, &t.rejected)) return;
   }
+}
+
+// The cross-field rules live in one validate(): a config that parseConfig accepts for a world
+// must build an engine on that many ranks and take a step, never be refused by a rank after
+// launch (as ZeRO stage 1 once was). Random combinations of the keys whose rules span sections
+// (ZeRO stage and offload, SP degree and ring, head counts, batch keys, schedules, packing).
+TEST(Fuzz, AcceptedConfigsBuildAnEngineAndStep) {
+  Tally t{"cross-field"};
+  Rng r{7};
+  int accepted = 0;
+  for (int64_t i = 0; i < scaled(60); ++i, ++t.inputs) {
+    json j = lt::testing::tinyTrainConfig();
+    auto pick = [&](std::initializer_list<json> v) { return *(v.begin() + r.below(v.size())); };
+    const int world = static_cast<int>(pick({1, 2, 4}).get<int>());
+    const int stage = static_cast<int>(r.below(4));
+    const bool cpu = r.below(2) && (stage > 0 || r.below(4) == 0);
+    j["zero_optimization"] = {{"stage", stage},
+                              {"offload_optimizer", {{"device", cpu ? "cpu" : "none"},
+                                                     {"super_offload", r.below(2) && (cpu || r.below(4) == 0)}}}};
+    // Mostly combinations that can work (a divisor of the world, kv heads dividing heads), so
+    // most reach the engine; the rest test the refusals.
+    j["sequence_parallel_size"] = r.below(5) == 0 ? pick({2, 4}) : json(1 + static_cast<int>(r.below(world)));
+    j["sequence_parallel_ring_degree"] = pick({0, 0, 1, 2});
+    j["model"]["num_heads"] = pick({1, 2, 4});
+    j["model"]["num_kv_heads"] = r.below(5) == 0 ? pick({2, 4}) : json(1 + static_cast<int>(r.below(j["model"]["num_heads"].get<int>())));
+    j["model"]["hidden_size"] = pick({16, 24, 32});
+    j["data"]["seq_len"] = pick({31, 32});
+    if (r.below(2)) j["gradient_accumulation_steps"] = pick({1, 2});
+    if (r.below(4) == 0) j["train_batch_size"] = pick({2, 4, 8});
+    if (r.below(3) == 0) j["compile"] = {{"deepcompile", true}, {"schedule", pick({json::array({json::array({0, {"zero3"}})}),
+                                                                           json::array({json::array({0, {"free_activations"}})})})}};
+    j["activation_checkpointing"] = pick({"auto", "all", "none"});
+    const std::string in = j.dump();
+    lt::config::Config cfg;
+    try {
+      cfg = lt::config::parseConfig(j, world);
+    } catch (const lt::Error&) {
+      ++t.rejected;
+      continue;
+    }
+    ++accepted;
+    const std::string err = lt::testing::errorOf([&] {
+      lt::testing::runRanks(world, cfg.sequenceParallelSize, [&](int, lt::comm::Groups& g) {
+        lt::train::Engine e(cfg, g);
+        e.step();
+      }, std::chrono::milliseconds(30000), cfg.layout.R);
+    });
+    EXPECT_EQ(err, "") << "world " << world << ": accepted by parseConfig, refused by the engine: " << in;
+  }
+  EXPECT_GE(accepted, 15);  // the generator must reach the engine, not only the parser's refusals
 }
 
 TEST(Fuzz, ManifestReader) {
@@ -168,7 +219,7 @@ TEST(Fuzz, ManifestReader) {
   json cfg = lt::testing::tinyTrainConfig();
   cfg["zero_optimization"] = {{"stage", 3}};
   lt::testing::runRanks(2, 1, [&](int, lt::comm::Groups& g) {
-    lt::train::Engine e(lt::train::parseConfig(cfg, 2), g);
+    lt::train::Engine e(lt::config::parseConfig(cfg, 2), g);
     e.step();
     lt::ckpt::save(e, root.string(), 0);
   });

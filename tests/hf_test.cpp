@@ -11,7 +11,7 @@
 #include "longtrain/ckpt/hf_llama.h"
 #include "longtrain/ckpt/safetensors.h"
 #include "longtrain/model/generate.h"
-#include "longtrain/model/hf_config.h"
+#include "longtrain/config/hf_llama_config.h"
 #include "testing.h"
 
 namespace {
@@ -59,7 +59,7 @@ TEST_P(HfOracle, LogitsAndLossMatchTheIndependentForward) {
     j["model"]["attention"] = attention;
     j["model"]["fused_kernels"] = fused;
     lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
-      lt::train::Engine e(lt::train::parseConfig(j, 1), g);
+      lt::train::Engine e(lt::config::parseConfig(j, 1), g);
       at::NoGradGuard ng;
       auto logits = e.model().forward(ref.ids, ref.pos, lt::model::attentionCore(e.config().model));
       const double maxDiff = (logits.to(at::kDouble) - ref.logits.to(at::kDouble)).abs().max().item<double>();
@@ -82,7 +82,7 @@ TEST(HfLoad, ZeroThreeRanksReadOnlyTheirSlicesAndGatherTheFile) {
   j["zero_optimization"] = {{"stage", 3}};
   lt::ckpt::HfWeights w(dir.string());
   lt::testing::runRanks(2, 1, [&](int, lt::comm::Groups& g) {
-    lt::train::Engine e(lt::train::parseConfig(j, 2), g);
+    lt::train::Engine e(lt::config::parseConfig(j, 2), g);
     auto params = e.fullParameters();
     auto meta = e.parameterMeta();
     for (size_t i = 0; i < params.size(); ++i) {
@@ -96,23 +96,23 @@ TEST(HfLoad, ZeroThreeRanksReadOnlyTheirSlicesAndGatherTheFile) {
 // llama3 scaling is read, recorded in the checkpoint's config and written back on export.
 TEST(HfLoad, RopeScalingTravelsThroughTheConfigAndExport) {
   json j = initFromConfig(fixture("gqa_llama3_rope"));
-  const auto cfg = lt::train::parseConfig(j, 1);
+  const auto cfg = lt::config::parseConfig(j, 1);
   EXPECT_EQ(cfg.model.ropeScaling.type, "llama3");
   EXPECT_EQ(cfg.model.ropeScaling.originalMaxPositions, 64);
   EXPECT_EQ(json::parse(cfg.source)["model"]["rope_scaling"]["rope_type"], "llama3");
   j["model"]["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
-  EXPECT_NE(errorOf([&] { lt::train::parseConfig(j, 1); }).find("'model.rope_scaling'"), std::string::npos);
+  EXPECT_NE(errorOf([&] { lt::config::parseConfig(j, 1); }).find("'model.rope_scaling'"), std::string::npos);
 }
 
 TEST(HfLoad, AKeyGivenInBothThatDisagreesNamesBothValues) {
   json j = initFromConfig(fixture("gqa_untied"));
   j["model"]["hidden_size"] = 16;
-  const std::string e = errorOf([&] { lt::train::parseConfig(j, 1); });
+  const std::string e = errorOf([&] { lt::config::parseConfig(j, 1); });
   EXPECT_NE(e.find("model.hidden_size' = 16"), std::string::npos) << e;
   EXPECT_NE(e.find("hidden_size = 32"), std::string::npos) << e;
   j["model"]["hidden_size"] = 32;  // agreeing is fine
-  EXPECT_EQ(errorOf([&] { lt::train::parseConfig(j, 1); }), "");
-  EXPECT_EQ(lt::train::parseConfig(j, 1).model.kvHeads, 2);  // the rest from config.json
+  EXPECT_EQ(errorOf([&] { lt::config::parseConfig(j, 1); }), "");
+  EXPECT_EQ(lt::config::parseConfig(j, 1).model.kvHeads, 2);  // the rest from config.json
 }
 
 fs::path copyFixture(const std::string& name, const std::string& to) {
@@ -126,7 +126,7 @@ TEST(HfLoad, UnimplementedRopeScalingIsRefusedByName) {
   json c = json::parse(std::ifstream(d / "config.json"));
   c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 8.0}};
   std::ofstream(d / "config.json") << c.dump();
-  const std::string e = errorOf([&] { lt::model::readHfLlamaConfig(d.string()); });
+  const std::string e = errorOf([&] { lt::config::readHfLlamaConfig(d.string()); });
   EXPECT_NE(e.find("rope_scaling type \"yarn\" is not implemented"), std::string::npos) << e;
 }
 
@@ -146,7 +146,7 @@ TEST(HfLoad, MissingUnexpectedAndMisShapedTensorsAreListedByName) {
   lt::ckpt::writeSafetensors((d / "model.safetensors").string(), ts, {{"format", "pt"}});
   const std::string e = errorOf([&] {
     lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
-      lt::train::Engine eng(lt::train::parseConfig(initFromConfig(d), 1), g);
+      lt::train::Engine eng(lt::config::parseConfig(initFromConfig(d), 1), g);
     });
   });
   EXPECT_NE(e.find("missing: model.norm.weight"), std::string::npos) << e;
@@ -163,7 +163,7 @@ TEST(HfExport, InitFromTheExportReproducesTheModel) {
   json j = initFromConfig(fixture("gqa_untied"));
   j["train"]["checkpoint"] = {{"dir", (root / "ckpt").string()}};
   lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
-    lt::train::Engine e(lt::train::parseConfig(j, 1), g);
+    lt::train::Engine e(lt::config::parseConfig(j, 1), g);
     e.step();
     e.step();
     lt::ckpt::save(e, (root / "ckpt").string(), 0);
@@ -182,7 +182,7 @@ TEST(HfExport, InitFromTheExportReproducesTheModel) {
     EXPECT_EQ(cj["tie_word_embeddings"], false);
     lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
       json again = initFromConfig(out);
-      lt::train::Engine e(lt::train::parseConfig(again, 1), g);
+      lt::train::Engine e(lt::config::parseConfig(again, 1), g);
       auto params = e.fullParameters();
       for (size_t i = 0; i < params.size(); ++i) {
         auto want = c.full(static_cast<int>(i));

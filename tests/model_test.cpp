@@ -111,8 +111,8 @@ TEST(Model, RopeIsRelative) {
     auto b = lt::model::rope(k, at::full({1, 1}, pk, at::kLong), 10000);
     return (a * b).sum().item<double>();
   };
-  EXPECT_NEAR(dot(5, 2), dot(105, 102), 1e-4);
-  EXPECT_GT(std::abs(dot(5, 2) - dot(5, 4)), 1e-4);
+  EXPECT_NEAR(dot(5, 2), dot(105, 102), Tol::kRopeRelative);
+  EXPECT_GT(std::abs(dot(5, 2) - dot(5, 4)), Tol::kRopeRelative);
 }
 
 }  // namespace
@@ -140,7 +140,7 @@ TEST(TiledMlp, EqualsUntiled) {
   auto ref = run(1);
   for (int64_t shards : {2, 3, 17}) {
     auto got = run(shards);
-    for (size_t i = 0; i < ref.size(); ++i) EXPECT_LE(relErr(got[i], ref[i]), 1e-5) << "shards " << shards << " #" << i;
+    for (size_t i = 0; i < ref.size(); ++i) EXPECT_LE(relErr(got[i], ref[i]), Tol::kFusedKernel) << "shards " << shards << " #" << i;
   }
 }
 
@@ -162,10 +162,10 @@ TEST(ChunkedAttention, EqualsNaive) {
     v.mutable_grad() = at::Tensor();
     auto out = lt::model::chunkedAttention(q, k, v, chunk);
     (out * up).sum().backward();
-    EXPECT_LE(relErr(out, ref), 1e-5) << "S " << S << " chunk " << chunk;
-    EXPECT_LE(relErr(q.grad(), gq), 1e-5) << "S " << S << " chunk " << chunk;
-    EXPECT_LE(relErr(k.grad(), gk), 1e-5) << "S " << S << " chunk " << chunk;
-    EXPECT_LE(relErr(v.grad(), gv), 1e-5) << "S " << S << " chunk " << chunk;
+    EXPECT_LE(relErr(out, ref), Tol::kFusedKernel) << "S " << S << " chunk " << chunk;
+    EXPECT_LE(relErr(q.grad(), gq), Tol::kFusedKernel) << "S " << S << " chunk " << chunk;
+    EXPECT_LE(relErr(k.grad(), gk), Tol::kFusedKernel) << "S " << S << " chunk " << chunk;
+    EXPECT_LE(relErr(v.grad(), gv), Tol::kFusedKernel) << "S " << S << " chunk " << chunk;
   }
 }
 

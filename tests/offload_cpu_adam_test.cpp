@@ -21,16 +21,6 @@ namespace {
 using lt::offload::AdamIsa;
 using lt::offload::AdamParams;
 
-// Tolerances, one table.
-struct CpuAdamTol {
-  // DESIGN.md equivalence 3: |p - p_torch| on unit-scale fp32 data after 10 steps.
-  static constexpr double kParamAbs = 1e-6;
-  // m and v against libtorch, relative to max(1, |x|): v reaches ~30 on randn gradients,
-  // where one float ulp is already 1.9e-6 absolute.
-  static constexpr double kStateRel = 1e-6;
-  // p against the closed form in double (|p| <= ~1.2, 10 steps): 10 roundings of <= 6e-8.
-  static constexpr double kClosedForm = 1e-6;
-};
 
 std::vector<AdamIsa> availableIsas() {
   std::vector<AdamIsa> out;
@@ -125,10 +115,10 @@ void checkAgainstTorch(bool adamw) {
     for (AdamIsa isa : availableIsas()) {
       SCOPED_TRACE(::testing::Message() << lt::offload::adamIsaName(isa) << " n=" << n);
       const State ours = isa == AdamIsa::Scalar ? scalar : ourRun(isa, a, p0, grads);
-      EXPECT_LE(maxAbsDiff(ours.p, ref.p), CpuAdamTol::kParamAbs);
-      EXPECT_LE(maxStateErr(ours.m, ref.m), CpuAdamTol::kStateRel);
-      EXPECT_LE(maxStateErr(ours.v, ref.v), CpuAdamTol::kStateRel);
-      EXPECT_LE(maxAbsDiff(ours.p, scalar.p), CpuAdamTol::kParamAbs);
+      EXPECT_LE(maxAbsDiff(ours.p, ref.p), lt::testing::Tol::kAdamParamAbs);
+      EXPECT_LE(maxStateErr(ours.m, ref.m), lt::testing::Tol::kAdamStateRel);
+      EXPECT_LE(maxStateErr(ours.v, ref.v), lt::testing::Tol::kAdamStateRel);
+      EXPECT_LE(maxAbsDiff(ours.p, scalar.p), lt::testing::Tol::kAdamParamAbs);
       EXPECT_TRUE(ours.p.isfinite().all().item<bool>());
     }
   }
@@ -171,9 +161,9 @@ TEST_F(CpuAdamTest, NoBiasCorrectionMatchesClosedForm) {
   for (AdamIsa isa : availableIsas()) {
     SCOPED_TRACE(lt::offload::adamIsaName(isa));
     const State ours = ourRun(isa, a, p0, grads);
-    EXPECT_LE(maxAbsDiff(ours.p, p), CpuAdamTol::kClosedForm);
-    EXPECT_LE(maxStateErr(ours.m, m), CpuAdamTol::kStateRel);
-    EXPECT_LE(maxStateErr(ours.v, v), CpuAdamTol::kStateRel);
+    EXPECT_LE(maxAbsDiff(ours.p, p), lt::testing::Tol::kAdamClosedForm);
+    EXPECT_LE(maxStateErr(ours.m, m), lt::testing::Tol::kAdamStateRel);
+    EXPECT_LE(maxStateErr(ours.v, v), lt::testing::Tol::kAdamStateRel);
   }
   // And bias correction on is a different trajectory (step 1 moves p by ~lr, not ~0.1 lr).
   AdamParams on = a;

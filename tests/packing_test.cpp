@@ -147,7 +147,7 @@ TEST(Packing, UlyssesSpTwoEqualsSeparateDocuments) {
     lt::testing::runRanks(2, 2, [&](int r, lt::comm::Groups& g) {
       lt::model::Model m(mc, 3);
       lt::compile::Executor ex(m, lt::sp::ulyssesAttention(g.sp, lt::model::attentionCore(mc)), {});
-      auto st = ex.run(lt::compile::baseProgram(m.numBlocks()), lt::sp::shardBatch(whole, r, 2), ro);
+      auto st = ex.run(lt::compile::baseProgram(m.numBlocks()), lt::sp::shardBatch(whole, r, lt::config::ParallelLayout::make(2, 2, mc.heads, mc.kvHeads, 1, "contiguous")), ro);
       auto loss = at::tensor({st.lossSum}, at::kDouble);
       g.sp->allReduce(loss).wait();
       EXPECT_LE(std::abs(loss.item<double>() - ref.lossSum) / ref.lossSum, Tol::kSequenceParallel) << core;

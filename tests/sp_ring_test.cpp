@@ -93,7 +93,7 @@ Measured checkRing(const RingCase& c) {
   lt::compile::Executor rex(ref, lt::model::causalAttention, {});
   const auto rst = rex.run(lt::compile::baseProgram(ref.numBlocks()), whole, ro);
 
-  const auto layout = lt::sp::chooseLayout(c.p, c.heads, c.kvHeads, c.ring, c.balance);
+  const auto layout = lt::config::ParallelLayout::make(c.p, c.p, c.heads, c.kvHeads, c.ring, c.balance);
   EXPECT_EQ(layout.R, c.ring);
   std::vector<Measured> seen(c.p);
   runRanks(c.p, c.p, [&](int r, lt::comm::Groups& g) {
@@ -146,38 +146,38 @@ INSTANTIATE_TEST_SUITE_P(Layouts, RingEquivalence, ::testing::ValuesIn(ringCases
                          [](const ::testing::TestParamInfo<RingCase>& i) { return caseName(i.param); });
 
 TEST(SpLayout, ChoosesTheLargestUlyssesDegreeTheHeadsAllow) {
-  auto l = lt::sp::chooseLayout(8, 4, 4, 0, "auto");
+  auto l = lt::config::ParallelLayout::make(8, 8, 4, 4, 0, "auto");
   EXPECT_EQ(l.U, 4);
   EXPECT_EQ(l.R, 2);
   EXPECT_TRUE(l.zigzag);  // auto: zigzag when R > 1
-  l = lt::sp::chooseLayout(4, 8, 2, 0, "auto");  // kv heads replicated
+  l = lt::config::ParallelLayout::make(4, 4, 8, 2, 0, "auto");  // kv heads replicated
   EXPECT_EQ(l.U, 4);
   EXPECT_FALSE(l.zigzag);
-  l = lt::sp::chooseLayout(6, 4, 4, 0, "auto");  // 6 = U 2 x R 3
+  l = lt::config::ParallelLayout::make(6, 6, 4, 4, 0, "auto");  // 6 = U 2 x R 3
   EXPECT_EQ(l.U, 2);
   EXPECT_EQ(l.R, 3);
-  l = lt::sp::chooseLayout(4, 2, 2, 0, "contiguous");
+  l = lt::config::ParallelLayout::make(4, 4, 2, 2, 0, "contiguous");
   EXPECT_EQ(l.R, 2);
   EXPECT_FALSE(l.zigzag);
   EXPECT_EQ(l.describe(), "Ulysses 2 x ring 2, contiguous");
 }
 
 TEST(SpLayout, ErrorsNameTheKeyTheValueAndTheFix) {
-  auto err = lt::testing::errorOf([] { lt::sp::chooseLayout(4, 4, 4, 3, "auto"); });
+  auto err = lt::testing::errorOf([] { lt::config::ParallelLayout::make(4, 4, 4, 4, 3, "auto"); });
   EXPECT_NE(err.find("sequence_parallel_ring_degree=3 does not divide sequence_parallel_size=4; choose one of: 1, 2, 4"),
             std::string::npos)
       << err;
-  err = lt::testing::errorOf([] { lt::sp::chooseLayout(4, 2, 2, 1, "auto"); });
+  err = lt::testing::errorOf([] { lt::config::ParallelLayout::make(4, 4, 2, 2, 1, "auto"); });
   EXPECT_NE(err.find("sequence_parallel_ring_degree=1 leaves a Ulysses degree 4"), std::string::npos) << err;
   EXPECT_NE(err.find("choose one of: 2, 4"), std::string::npos) << err;
 }
 
 TEST(SpLayout, ZigzagHoldsChunksRAndTwoPMinusOneMinusR) {
-  lt::sp::Layout l;
+  lt::config::ParallelLayout l;
   l.P = 2, l.U = 1, l.R = 2, l.zigzag = true;
-  auto idx = l.tokenIndex(0, 4);  // chunks 0 and 3 of 4 chunks of 2
+  auto idx = lt::sp::tokenIndex(l, 0, 4);  // chunks 0 and 3 of 4 chunks of 2
   EXPECT_TRUE(at::equal(idx, at::tensor({0, 1, 6, 7}, at::kLong)));
-  EXPECT_TRUE(at::equal(l.tokenIndex(1, 4), at::tensor({2, 3, 4, 5}, at::kLong)));
+  EXPECT_TRUE(at::equal(lt::sp::tokenIndex(l, 1, 4), at::tensor({2, 3, 4, 5}, at::kLong)));
   EXPECT_EQ(l.paddedLength(127), 128);
   EXPECT_EQ(l.paddedLength(5), 8);
   lt::data::Batch b;
@@ -274,7 +274,7 @@ TEST(RingResume, SameLayoutIsBitExactAndAnotherUxRStaysWithinTolerance) {
   const auto ref = lt::testing::trainOnRanks(j, 4, 4, n)[0];
   const auto root = lt::testing::freshTempDir("longtrain_ring_resume_" + std::to_string(getpid()));
   auto run = [&](const nlohmann::json& cfg, bool save) {
-    const auto c = lt::train::parseConfig(cfg, 4);
+    const auto c = lt::config::parseConfig(cfg, 4);
     std::vector<double> losses;
     runRanks(4, 4, [&](int r, lt::comm::Groups& g) {
       lt::train::Engine e(c, g);
@@ -288,7 +288,7 @@ TEST(RingResume, SameLayoutIsBitExactAndAnotherUxRStaysWithinTolerance) {
         const double loss = e.step().loss;
         if (r == 0) losses.push_back(loss);
       }
-    }, std::chrono::milliseconds(30000), c.spLayout.R);
+    }, std::chrono::milliseconds(30000), c.layout.R);
     return losses;
   };
   run(j, true);

@@ -7,7 +7,7 @@
 #include "longtrain/core/check.h"
 #include "longtrain/model/attention.h"
 #include "longtrain/sp/ulysses.h"
-#include "longtrain/train/config.h"
+#include "longtrain/config/parse.h"
 #include "longtrain/train/engine.h"
 #include "testing.h"
 
@@ -17,16 +17,11 @@ using lt::testing::relErr;
 using lt::testing::runRanks;
 using lt::testing::Tol;
 
-// A source yielding a fixed list of batches per epoch.
+// A source yielding a fixed list of batches, round and round.
 class ListSource : public lt::sp::BatchSource {
  public:
   explicit ListSource(std::vector<lt::data::Batch> b) : batches_(std::move(b)) {}
-  std::optional<lt::data::Batch> next() override {
-    if (i_ >= batches_.size()) return std::nullopt;
-    return batches_[i_++];
-  }
-  void reset() override { i_ = 0; }
-  int64_t length() const override { return static_cast<int64_t>(batches_.size()); }
+  lt::data::Batch next() override { return batches_[i_++ % batches_.size()]; }
 
  private:
   std::vector<lt::data::Batch> batches_;
@@ -47,15 +42,19 @@ std::vector<int64_t> row(const at::Tensor& t) {
   return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
 }
 
+// Plain Ulysses over P ranks: contiguous shards.
+lt::config::ParallelLayout ulyssesLayout(int P) {
+  return lt::config::ParallelLayout::make(P, P, 4 * P, 4 * P, 1, "contiguous");
+}
+
 TEST(UlyssesLoader, DeepSpeedExample) {
   runRanks(2, 2, [](int r, lt::comm::Groups& g) {
     auto sample = r == 0 ? std::vector<int64_t>{1, 10, 10, 10, 2, 2} : std::vector<int64_t>{1, 20, 20, 20, 2, 2};
-    lt::sp::UlyssesLoader ul(std::make_unique<ListSource>(std::vector<lt::data::Batch>{rowBatch(sample)}), g.sp);
-    EXPECT_EQ(ul.length(), 2);
-    for (int epoch = 0; epoch < 2; ++epoch) {  // the second epoch runs too
+    lt::sp::UlyssesLoader ul(std::make_unique<ListSource>(std::vector<lt::data::Batch>{rowBatch(sample)}), g.sp,
+                             ulyssesLayout(2));
+    for (int round = 0; round < 2; ++round) {  // the second gather serves the same shards again
       for (int64_t v : {10, 20}) {
-        auto b = ul.next();
-        ASSERT_TRUE(b.has_value());
+        auto b = std::make_optional(ul.next());
         if (r == 0) {
           EXPECT_EQ(row(b->input_ids), (std::vector<int64_t>{1, v, v}));
           EXPECT_EQ(row(b->position_ids), (std::vector<int64_t>{0, 1, 2}));
@@ -66,7 +65,6 @@ TEST(UlyssesLoader, DeepSpeedExample) {
           EXPECT_EQ(row(b->shift_labels), (std::vector<int64_t>{2, 2, -100}));
         }
       }
-      EXPECT_FALSE(ul.next().has_value());  // end of epoch, source reset
     }
   });
 }
@@ -74,7 +72,8 @@ TEST(UlyssesLoader, DeepSpeedExample) {
 void expectAllRanksThrow(std::function<lt::data::Batch(int)> make, const std::string& needle) {
   std::vector<std::string> errs(2);
   runRanks(2, 2, [&](int r, lt::comm::Groups& g) {
-    lt::sp::UlyssesLoader ul(std::make_unique<ListSource>(std::vector<lt::data::Batch>{make(r)}), g.sp);
+    lt::sp::UlyssesLoader ul(std::make_unique<ListSource>(std::vector<lt::data::Batch>{make(r)}), g.sp,
+                             ulyssesLayout(2));
     try {
       ul.next();
     } catch (const lt::Error& e) {
@@ -85,9 +84,6 @@ void expectAllRanksThrow(std::function<lt::data::Batch(int)> make, const std::st
 }
 
 TEST(UlyssesLoader, Errors) {
-  expectAllRanksThrow([](int r) { return rowBatch(r == 1 ? std::vector<int64_t>{1, 2, 3, 4, 5}
-                                                         : std::vector<int64_t>{1, 2, 3, 4}); },
-                      "SP rank 1's batch has sequence length 5, not divisible by sequence_parallel_size=2");
   expectAllRanksThrow([](int r) {
     auto b = rowBatch({1, 2, 3, 4});
     if (r == 0) b.position_ids = at::Tensor();
@@ -105,11 +101,27 @@ TEST(UlyssesLoader, Errors) {
   }, "SP rank 1's batch has no 'labels'");
 }
 
+// A sequence that does not divide by P is padded: rank 1's 5 tokens become shards of 3, the
+// padding labelled -100 (before the layout, Ulysses refused it).
+TEST(UlyssesLoader, PadsALengthPDoesNotDivide) {
+  runRanks(2, 2, [](int r, lt::comm::Groups& g) {
+    auto sample = r == 1 ? std::vector<int64_t>{1, 2, 3, 4, 5} : std::vector<int64_t>{1, 2, 3, 4};
+    lt::sp::UlyssesLoader ul(std::make_unique<ListSource>(std::vector<lt::data::Batch>{rowBatch(sample)}), g.sp,
+                             ulyssesLayout(2));
+    (void)ul.next();  // rank 0's batch
+    auto b = ul.next();  // rank 1's: [1 2 3 | 4 5 pad]
+    EXPECT_EQ(row(b.input_ids), (r == 0 ? std::vector<int64_t>{1, 2, 3} : std::vector<int64_t>{4, 5, 0}));
+    EXPECT_EQ(row(b.shift_labels), (r == 0 ? std::vector<int64_t>{2, 3, 4} : std::vector<int64_t>{5, -100, -100}));
+  });
+}
+
+// Pure Ulysses (ring degree 1): the head counts must allow P (DeepSpeed's rules).
 TEST(Ulysses, HeadChecks) {
-  EXPECT_NO_THROW(lt::sp::checkHeads(8, 2, 4));  // KV replicated
-  EXPECT_NO_THROW(lt::sp::checkHeads(8, 8, 4));
-  EXPECT_THROW(lt::sp::checkHeads(6, 6, 4), lt::Error);
-  EXPECT_THROW(lt::sp::checkHeads(12, 3, 4), lt::Error);  // neither 3 % 4 nor 4 % 3
+  auto ulysses = [](int64_t heads, int64_t kv, int P) { return lt::config::ParallelLayout::make(P, P, heads, kv, 1, "auto"); };
+  EXPECT_NO_THROW(ulysses(8, 2, 4));  // KV replicated
+  EXPECT_NO_THROW(ulysses(8, 8, 4));
+  EXPECT_THROW(ulysses(6, 6, 4), lt::Error);
+  EXPECT_THROW(ulysses(12, 3, 4), lt::Error);  // neither 3 % 4 nor 4 % 3
 }
 
 struct SpCase {
@@ -149,7 +161,7 @@ void checkSpEquivalence(const SpCase& c, const lt::model::AttentionFn& core) {
   runRanks(c.p, c.p, [&](int r, lt::comm::Groups& g) {
     lt::model::Model m(mc, 3);
     lt::compile::Executor ex(m, lt::sp::ulyssesAttention(g.sp, core), {});
-    auto shard = lt::sp::shardBatch(whole, r, c.p);
+    auto shard = lt::sp::shardBatch(whole, r, ulyssesLayout(c.p));
     auto st = ex.run(lt::compile::baseProgram(m.numBlocks()), shard, ro);
     auto loss = at::tensor({st.lossSum}, at::kDouble);
     g.sp->allReduce(loss).wait();

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "longtrain/comm/comm.h"
-#include "longtrain/train/config.h"
+#include "longtrain/config/parse.h"
 #include "longtrain/train/engine.h"
 
 namespace lt::testing {
@@ -56,6 +56,16 @@ struct Tol {
   // longtrain's logits and mean loss against the independent PyTorch forward of the Hugging
   // Face fixtures (absolute; logits are O(1-4)): measured <= 2.5e-6 (logits), 3.2e-7 (loss).
   static constexpr double kHfOracle = 1e-5;
+  // RoPE's q.k at positions (5, 2) against (105, 102), absolute (unit-scale q, k of 8 dims):
+  // the two rotations' angles differ by 100 rad, whose fp32 sin/cos round to ~1e-5 of it.
+  static constexpr double kRopeRelative = 1e-4;
+  // CPU Adam (DESIGN.md equivalence 3): |p - p_torch| on unit-scale fp32 data after 10 steps.
+  static constexpr double kAdamParamAbs = 1e-6;
+  // m and v against libtorch, relative to max(1, |x|): v reaches ~30 on randn gradients,
+  // where one float ulp is already 1.9e-6 absolute.
+  static constexpr double kAdamStateRel = 1e-6;
+  // p against the closed form in double (|p| <= ~1.2, 10 steps): 10 roundings of <= 6e-8.
+  static constexpr double kAdamClosedForm = 1e-6;
 };
 
 // The small model and kv_recall task the engine-level tests train (a few ms a step).
@@ -162,7 +172,7 @@ struct TrainRun {
 // returns each rank's view.
 inline std::vector<TrainRun> trainOnRanks(const nlohmann::json& j, int world, int sp, int steps) {
   std::vector<TrainRun> out(world);
-  const train::Config cfg = train::parseConfig(j, world);
+  const config::Config cfg = config::parseConfig(j, world);
   runRanks(world, sp, [&](int r, comm::Groups& g) {
     train::Engine e(cfg, g);
     for (int s = 0; s < steps; ++s) out[r].losses.push_back(e.step().loss);
@@ -170,7 +180,7 @@ inline std::vector<TrainRun> trainOnRanks(const nlohmann::json& j, int world, in
     out[r].params = e.fullParameters();
     if (e.zero()) out[r].gatheredPeak = e.zero()->ledger().gatheredPeakBytes;
     out[r].program = e.program().listing();
-  }, std::chrono::milliseconds(30000), cfg.spLayout.R);
+  }, std::chrono::milliseconds(30000), cfg.layout.R);
   return out;
 }
 

@@ -8,7 +8,7 @@
 
 #include "longtrain/core/check.h"
 #include "longtrain/data/data.h"
-#include "longtrain/train/config.h"
+#include "longtrain/config/parse.h"
 #include "longtrain/train/engine.h"
 #include "longtrain/train/lr_schedule.h"
 #include "testing.h"
@@ -42,7 +42,7 @@ TEST_P(DataParallel, EqualsOneRankWithAccumulation) {
       EXPECT_TRUE(at::equal(got[r].params[i], got[0].params[i])) << "ranks disagree on parameter " << i;
     }
   // The step must actually have moved the parameters (a test that cannot fail is no test).
-  lt::model::Model init(lt::train::parseConfig(ref, 1).model, 1234);
+  lt::model::Model init(lt::config::parseConfig(ref, 1).model, 1234);
   EXPECT_GT(relErr(expect[0], init.parameters()[0]), 1e-4);
 }
 
@@ -50,7 +50,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, DataParallel, ::testing::Values(2, 4));
 
 std::string errorOf(const json& j, int world = 1) {
   try {
-    lt::train::parseConfig(j, world);
+    lt::config::parseConfig(j, world);
   } catch (const lt::Error& e) {
     return e.what();
   }
@@ -94,7 +94,7 @@ TEST(Config, InconsistentBatchSizes) {
   // DeepSpeed's derivations: tb and micro give accumulation.
   json k = smallConfig();
   k["train_batch_size"] = 16;
-  auto c = lt::train::parseConfig(k, 2);
+  auto c = lt::config::parseConfig(k, 2);
   EXPECT_EQ(c.gradAccum, 4);
   json none = smallConfig();
   none.erase("train_micro_batch_size_per_gpu");
@@ -103,18 +103,18 @@ TEST(Config, InconsistentBatchSizes) {
 
 TEST(Config, SetOverrides) {
   json j = smallConfig();
-  lt::train::applyOverride(j, "zero_optimization.stage=3");
-  lt::train::applyOverride(j, "optimizer.type=Adam");
-  lt::train::applyOverride(j, "optimizer.params.betas=[0.8,0.9]");
+  lt::config::applyOverride(j, "zero_optimization.stage=3");
+  lt::config::applyOverride(j, "optimizer.type=Adam");
+  lt::config::applyOverride(j, "optimizer.params.betas=[0.8,0.9]");
   EXPECT_EQ(j["zero_optimization"]["stage"], 3);
   EXPECT_EQ(j["optimizer"]["type"], "Adam");
   EXPECT_EQ(j["optimizer"]["params"]["betas"][1], 0.9);
-  EXPECT_THROW(lt::train::applyOverride(j, "noequals"), lt::Error);
-  EXPECT_THROW(lt::train::applyOverride(j, "optimizer.type.x=1"), lt::Error);  // type is a string
+  EXPECT_THROW(lt::config::applyOverride(j, "noequals"), lt::Error);
+  EXPECT_THROW(lt::config::applyOverride(j, "optimizer.type.x=1"), lt::Error);  // type is a string
 }
 
 TEST(Schedule, WarmupLrAndCosineMatchDeepSpeedFormulas) {
-  lt::train::SchedulerConfig s;
+  lt::config::SchedulerConfig s;
   s.type = "WarmupLR";
   s.warmupMinLr = 0.0;
   s.warmupMaxLr = 0.1;
@@ -125,7 +125,7 @@ TEST(Schedule, WarmupLrAndCosineMatchDeepSpeedFormulas) {
   EXPECT_DOUBLE_EQ(lt::train::lrAt(s, 1.0, 50), 0.1);
   s.warmupType = "log";
   EXPECT_NEAR(lt::train::lrAt(s, 1.0, 4), 0.1 * std::log(5.0) / std::log(10.0), 1e-15);
-  lt::train::SchedulerConfig c;
+  lt::config::SchedulerConfig c;
   c.type = "WarmupCosineLR";
   c.totalNumSteps = 110;
   c.warmupNumSteps = 10;
@@ -252,7 +252,7 @@ TEST(Data, TrainsOnATokenFile) {
   json j = smallConfig();
   j["data"] = {{"type", "uint16"}, {"path", path}, {"seq_len", 32}, {"eval_samples", 4}};
   runRanks(1, 1, [&](int, lt::comm::Groups& g) {
-    lt::train::Engine e(lt::train::parseConfig(j, 1), g);
+    lt::train::Engine e(lt::config::parseConfig(j, 1), g);
     double first = e.step().loss, last = first;
     for (int s = 0; s < 20; ++s) last = e.step().loss;
     EXPECT_LT(last, first * 0.8);  // a periodic sequence is learnable
@@ -265,15 +265,15 @@ TEST(Data, TrainsOnATokenFile) {
 TEST(Config, DuplicateKeysAndADirectoryAreRefusedInLongtrainsWords) {
   auto dir = lt::testing::freshTempDir("longtrain_config_strict");
   std::ofstream(dir / "dup.json") << R"({"train": {"steps": 3, "eval_every": 1, "steps": 5}, "seed": 1})";
-  std::string e = lt::testing::errorOf([&] { lt::train::loadConfigJson((dir / "dup.json").string(), {}); });
+  std::string e = lt::testing::errorOf([&] { lt::config::loadConfigJson((dir / "dup.json").string(), {}); });
   EXPECT_NE(e.find("key 'train.steps' appears twice"), std::string::npos) << e;
   std::ofstream(dir / "top.json") << R"({"seed": 1, "model": {"hidden_size": 8}, "seed": 2})";
-  e = lt::testing::errorOf([&] { lt::train::loadConfigJson((dir / "top.json").string(), {}); });
+  e = lt::testing::errorOf([&] { lt::config::loadConfigJson((dir / "top.json").string(), {}); });
   EXPECT_NE(e.find("key 'seed' appears twice"), std::string::npos) << e;
   // The same key in two different objects is fine.
   std::ofstream(dir / "ok.json") << R"({"a": {"steps": 1}, "train": {"steps": 2}})";
-  EXPECT_EQ(lt::testing::errorOf([&] { lt::train::loadConfigJson((dir / "ok.json").string(), {}); }), "");
-  e = lt::testing::errorOf([&] { lt::train::loadConfigJson(dir.string(), {}); });
+  EXPECT_EQ(lt::testing::errorOf([&] { lt::config::loadConfigJson((dir / "ok.json").string(), {}); }), "");
+  e = lt::testing::errorOf([&] { lt::config::loadConfigJson(dir.string(), {}); });
   EXPECT_NE(e.find("is a directory"), std::string::npos) << e;
 }
 

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "longtrain/core/check.h"
-#include "longtrain/train/config.h"
+#include "longtrain/config/parse.h"
 #include "longtrain/train/engine.h"
 #include "longtrain/zero/ipg_bucket.h"
 #include "testing.h"
@@ -193,7 +193,7 @@ TEST(Zero3, NanGradientRollsBackExactlyAndTrainingContinues) {
   json j = withSuperOffload(zeroConfig());
   j["zero_optimization"]["offload_optimizer"]["ratio"] = 1.0;
   runRanks(2, 1, [&](int r, lt::comm::Groups& g) {
-    lt::train::Engine e(lt::train::parseConfig(j, 2), g);
+    lt::train::Engine e(lt::config::parseConfig(j, 2), g);
     auto* z = e.zero();
     ASSERT_NE(z, nullptr);
     ASSERT_GE(z->numSubGroups(), 3);
@@ -233,7 +233,7 @@ TEST(Zero3, LedgerIsAboutOneWorldthOfTheModel) {
   json j = zeroConfig();
   for (int w : {1, 2, 4}) {
     runRanks(w, 1, [&](int r, lt::comm::Groups& g) {
-      lt::train::Engine e(lt::train::parseConfig(j, w), g);
+      lt::train::Engine e(lt::config::parseConfig(j, w), g);
       e.step();
       const auto& l = e.zero()->ledger();
       double held = static_cast<double>(l.paramBytes + l.gradBytes + l.optimBytes);
@@ -272,7 +272,7 @@ TEST_P(ZeroStages12, EqualStageZeroOnOneRank) {
                                 {"allgather_bucket_size", 1200}};
       if (so) j = withSuperOffload(j);
       j["gradient_accumulation_steps"] = 2;
-      const auto cfg = lt::train::parseConfig(j, n);
+      const auto cfg = lt::config::parseConfig(j, n);
       std::vector<std::vector<at::Tensor>> full(n), replicas(n);
       std::vector<double> losses;
       runRanks(n, 1, [&](int r, lt::comm::Groups& g) {
@@ -317,7 +317,7 @@ TEST(WeightDecayGroups, MatricesDecayNormsAndEmbeddingsDoNotAtEveryStage) {
     std::vector<at::Tensor> p0, decayed, plain;
     for (double w : {wd, 0.0}) {
       j["optimizer"]["params"]["weight_decay"] = w;
-      const auto cfg = lt::train::parseConfig(j, c.world);
+      const auto cfg = lt::config::parseConfig(j, c.world);
       runRanks(c.world, 1, [&](int r, lt::comm::Groups& g) {
         lt::train::Engine e(cfg, g);
         auto before = e.fullParameters();
@@ -353,19 +353,19 @@ TEST(ZeroConfig, DeepSpeedSwitchesForAbsentPathsAreRefusedByName) {
   for (const char* key : {"contiguous_gradients", "reduce_scatter"}) {
     json j = zeroConfig();
     j["zero_optimization"][key] = false;
-    std::string e = lt::testing::errorOf([&] { lt::train::parseConfig(j, 2); });
+    std::string e = lt::testing::errorOf([&] { lt::config::parseConfig(j, 2); });
     EXPECT_NE(e.find(std::string("zero_optimization.") + key + "' = false"), std::string::npos) << e;
     j["zero_optimization"][key] = true;
-    EXPECT_EQ(lt::testing::errorOf([&] { lt::train::parseConfig(j, 2); }), "");
+    EXPECT_EQ(lt::testing::errorOf([&] { lt::config::parseConfig(j, 2); }), "");
   }
   json j = zeroConfig();
   j["zero_optimization"]["round_robin_gradients"] = true;
-  EXPECT_NE(lt::testing::errorOf([&] { lt::train::parseConfig(j, 2); }).find("round_robin_gradients"),
+  EXPECT_NE(lt::testing::errorOf([&] { lt::config::parseConfig(j, 2); }).find("round_robin_gradients"),
             std::string::npos);
   j = zeroConfig();
   j["zero_optimization"]["stage"] = 0;
   j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
-  EXPECT_NE(lt::testing::errorOf([&] { lt::train::parseConfig(j, 2); }).find("needs zero_optimization.stage 1, 2 or 3"),
+  EXPECT_NE(lt::testing::errorOf([&] { lt::config::parseConfig(j, 2); }).find("needs zero_optimization.stage 1, 2 or 3"),
             std::string::npos);
 }
 

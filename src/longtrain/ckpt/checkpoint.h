@@ -27,51 +27,12 @@
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-namespace lt::train {
-class Engine;
-}
+#include "longtrain/ckpt/manifest.h"
+#include "longtrain/ckpt/train_state.h"
 
 namespace lt::ckpt {
 
 class SafetensorsFile;
-
-struct FileRecord {
-  std::string name;  // relative to the checkpoint directory
-  int64_t bytes = 0;
-  uint32_t crc32c = 0;
-};
-
-struct ParamRecord {
-  std::string name;
-  std::vector<int64_t> shape;
-  int64_t numel() const;
-};
-
-struct Manifest {
-  int64_t step = 0;              // optimizer steps taken
-  int64_t adamStep = 0;          // Adam's bias-correction step count (step minus skipped steps)
-  int64_t skippedSteps = 0;
-  int64_t samplesConsumed = 0;   // step x train_batch_size: the data position
-  int64_t trainBatchSize = 0;
-  std::vector<int64_t> loaderCursors;  // per world rank: micro-batches taken from its loader
-  int worldSize = 1, spSize = 1, zeroStage = 0;
-  bool partitioned = false;
-  std::string configHash;        // FNV-1a 64 of the parsed config, hex
-  std::string runId;             // the launch that wrote it (LONGTRAIN_RUN_ID; "" outside the launcher)
-  nlohmann::json config;         // the parsed config (after --set overrides)
-  std::vector<ParamRecord> params;
-  std::vector<FileRecord> files; // one per world rank, in rank order
-};
-
-// Strict: every field present with its type; an lt::Error names `what` and the field.
-Manifest parseManifest(const std::string& text, const std::string& what);
-std::string manifestJson(const Manifest& m);
-
-std::string configHash(const std::string& canonicalConfigJson);
-std::string checkpointDirName(int64_t step);  // "step-00000042"
-std::string rankFileName(int rank, int world);
 
 // Test and fault-injection hook: called on the saving rank at each stage of a save, by name:
 // "rank_file_fsynced" (temporary rank file written and fsynced, not renamed yet),
@@ -80,11 +41,11 @@ std::string rankFileName(int rank, int world);
 // deleted, its files not yet). Throwing from it abandons the save as a crash would.
 using StageHook = std::function<void(const std::string& stage)>;
 
-// Saves the engine's state after its last step into <root>/step-N/ (collective over the
+// Saves the training state after its last step into <root>/step-N/ (collective over the
 // world; the ranks exchange their files' digests through `rank-R.done` files in the
 // directory, so it must be shared, as for loading). keepLast > 0 then deletes all but the newest keepLast complete checkpoints, and
 // any incomplete one older than this. Returns the checkpoint directory.
-std::string save(train::Engine& engine, const std::string& root, int64_t keepLast, const StageHook& hook = {},
+std::string save(TrainState& state, const std::string& root, int64_t keepLast, const StageHook& hook = {},
                  const std::string& runId = "");
 
 // save() with the writing taken off the training thread: the state is copied at the step
@@ -101,7 +62,7 @@ class AsyncSaver {
   ~AsyncSaver();
   AsyncSaver(const AsyncSaver&) = delete;
   AsyncSaver& operator=(const AsyncSaver&) = delete;
-  std::string save(train::Engine& engine, const std::string& root, int64_t keepLast, const StageHook& hook = {},
+  std::string save(TrainState& state, const std::string& root, int64_t keepLast, const StageHook& hook = {},
                    const std::string& runId = "");
   void wait();
 
@@ -141,10 +102,10 @@ class Checkpoint {
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
 };
 
-// Loads a checkpoint into a freshly constructed engine (collective under SP). The model's
+// Loads a checkpoint into a freshly constructed training state (collective under SP). The model's
 // parameter names and shapes, and train_batch_size, must match; world size, SP degree and
 // ZeRO stage may differ (resharding).
-void load(train::Engine& engine, const Checkpoint& c);
+void load(TrainState& state, const Checkpoint& c);
 
 // The consolidated model, Hugging Face Llama names, fp32, as one safetensors file.
 void exportModel(const Checkpoint& c, const std::string& outPath);

@@ -11,8 +11,8 @@
 
 #include "longtrain/ckpt/checkpoint.h"
 #include "longtrain/core/check.h"
-#include "longtrain/model/hf_config.h"
-#include "longtrain/train/config.h"
+#include "longtrain/config/hf_llama_config.h"
+#include "longtrain/config/parse.h"
 
 namespace lt::ckpt {
 
@@ -124,10 +124,10 @@ namespace {
 
 // The training config a checkpoint recorded, without re-reading init_from (its model keys are
 // resolved into the record).
-train::Config checkpointConfig(const Checkpoint& c) {
+config::Config checkpointConfig(const Checkpoint& c) {
   json cfgJson = c.manifest().config;
   if (cfgJson.contains("model") && cfgJson["model"].is_object()) cfgJson["model"].erase("init_from");
-  return train::parseConfig(cfgJson, c.manifest().worldSize);
+  return config::parseConfig(cfgJson, c.manifest().worldSize);
 }
 
 std::vector<ExpectedTensor> expectedOf(const model::Model& m) {
@@ -142,7 +142,7 @@ std::vector<ExpectedTensor> expectedOf(const model::Model& m) {
 InferenceModel loadInferenceModel(const std::string& path) {
   InferenceModel r;
   if (fs::is_regular_file(fs::path(path) / "config.json")) {
-    model::ModelConfig mc = model::readHfLlamaConfig(path).model;
+    model::ModelConfig mc = config::readHfLlamaConfig(path).model;
     r.model = std::make_unique<model::Model>(mc, 0, /*initialize=*/false);
     HfWeights w(path);
     const auto expected = expectedOf(*r.model);
@@ -154,7 +154,7 @@ InferenceModel loadInferenceModel(const std::string& path) {
     return r;
   }
   Checkpoint c(resolve(path));
-  const train::Config cfg = checkpointConfig(c);
+  const config::Config cfg = checkpointConfig(c);
   r.model = std::make_unique<model::Model>(cfg.model, 0, /*initialize=*/false);
   auto params = r.model->parameters();
   LT_CHECK(params.size() == c.manifest().params.size(), "checkpoint '", c.dir(), "' holds ",
@@ -168,8 +168,8 @@ InferenceModel loadInferenceModel(const std::string& path) {
 
 HfExportResult exportHfDirectory(const Checkpoint& c, const std::string& outDir, const HfExportOptions& o) {
   LT_CHECK(o.dtype == "fp32" || o.dtype == "bf16", "export --dtype ", o.dtype, ": expected fp32 or bf16");
-  const train::Config cfg = checkpointConfig(c);
-  model::HfLlamaConfig hc;
+  const config::Config cfg = checkpointConfig(c);
+  config::HfLlamaConfig hc;
   hc.model = cfg.model;
   hc.maxPositions = std::max(cfg.model.maxPositions, cfg.data.seqLen);
   hc.torchDtype = o.dtype == "bf16" ? "bfloat16" : "float32";
@@ -193,7 +193,7 @@ HfExportResult exportHfDirectory(const Checkpoint& c, const std::string& outDir,
   hc.bosId = o.bosId;
   hc.eosId = o.eosId;
   // config.json last: a directory is a loadable model once it exists.
-  const std::string text = model::hfLlamaConfigJson(hc).dump(2) + "\n";
+  const std::string text = config::hfLlamaConfigJson(hc).dump(2) + "\n";
   AtomicFile f((fs::path(outDir) / "config.json").string());
   f.write(text.data(), text.size());
   f.commit();

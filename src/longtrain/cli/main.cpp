@@ -36,7 +36,7 @@
 #include "longtrain/model/kernel_isa.h"
 #include "longtrain/plan/memory_model.h"
 #include "longtrain/report/plot.h"
-#include "longtrain/train/config.h"
+#include "longtrain/config/parse.h"
 #include "longtrain/train/machine.h"
 #include "longtrain/train/trainer.h"
 
@@ -70,9 +70,9 @@ void printBreakdown(const lt::plan::MemoryBreakdown& m) {
 
 int cmdPlan(const std::string& configPath, int nprocFlag, const std::vector<std::string>& sets,
             const std::string& maxSeq) {
-  nlohmann::json j = lt::train::loadConfigJson(configPath, sets);
+  nlohmann::json j = lt::config::loadConfigJson(configPath, sets);
   const int world = nprocOf(j, nprocFlag);
-  lt::train::Config cfg = lt::train::parseConfig(j, world);
+  lt::config::Config cfg = lt::config::parseConfig(j, world);
   const int64_t budget = maxSeq.empty() ? 0 : lt::plan::parseBytes(maxSeq);
   const auto& m = cfg.model;
   std::printf("plan: %.2fM params (%lld layers, hidden %lld, %lld heads, vocab %lld), micro batch %lld, "
@@ -93,10 +93,10 @@ int cmdPlan(const std::string& configPath, int nprocFlag, const std::vector<std:
     printBreakdown(lt::plan::predictPeak(cfg, world, k));
     return 0;
   }
-  auto longest = [&](const lt::train::Config& c, int w, std::string* peak) {
+  auto longest = [&](const lt::config::Config& c, int w, std::string* peak) {
     const int64_t s = lt::plan::maxSeqLen(c, w, budget);
     if (s > 0) {
-      lt::train::Config at = c;
+      lt::config::Config at = c;
       at.data.seqLen = s;
       *peak = std::to_string(static_cast<int64_t>(mib(lt::plan::predictPeak(at, w).total())));
     } else {
@@ -129,7 +129,7 @@ int cmdPlan(const std::string& configPath, int nprocFlag, const std::vector<std:
 // recomputed, unless activation_checkpointing is "none") against what a rank may use. The
 // 1.2x margin covers the model's error (within 12% on bench/plan_accuracy.sh), so only a
 // config that cannot fit is refused, with the figures instead of std::bad_alloc or the OOM killer.
-void preflightMemory(const lt::train::Config& cfg, int world, int localRanks) {
+void preflightMemory(const lt::config::Config& cfg, int world, int localRanks) {
   const int64_t limit = lt::rankMemoryLimitBytes(localRanks);
   if (!cfg.train.memoryPreflight || limit <= 0) return;
   const int k = cfg.activationCheckpointing == "none" ? static_cast<int>(cfg.model.layers) : 0;
@@ -154,11 +154,12 @@ struct TrainFlags {
   double rdzvTimeoutS = 300;
   std::string masterAddr, rdzvId;
   std::vector<std::string> sets;
+  CLI::Option* resumeOption = nullptr;  // --resume given (with or without a directory)
 };
 
 // What every rank of the job must agree on (comm/identity.h): the effective config, the world,
 // the job id and the build; and where this rank runs.
-lt::comm::RankIdentity rankIdentity(const lt::train::Config& cfg, int world, const std::string& bindAddress) {
+lt::comm::RankIdentity rankIdentity(const lt::config::Config& cfg, int world, const std::string& bindAddress) {
   lt::comm::RankIdentity id;
   const auto flat = nlohmann::json::parse(cfg.source).flatten();
   for (const auto& [pointer, v] : flat.items()) {  // "/optimizer/params/lr" -> "optimizer.params.lr"
@@ -177,7 +178,7 @@ lt::comm::RankIdentity rankIdentity(const lt::train::Config& cfg, int world, con
 }
 
 // Several nodes (--nnodes, --master-addr) or several local ranks: this process launches.
-int launchRanks(int argc, char** argv, const TrainFlags& fl, const lt::train::Config& cfg, int nproc) {
+int launchRanks(int argc, char** argv, const TrainFlags& fl, const lt::config::Config& cfg, int nproc) {
   std::vector<std::string> args(argv, argv + argc);
   lt::comm::LaunchOptions lo;
   lo.nprocPerNode = nproc;
@@ -187,21 +188,94 @@ int launchRanks(int argc, char** argv, const TrainFlags& fl, const lt::train::Co
   lo.masterPort = fl.masterPort;
   lo.rdzvId = fl.rdzvId;
   lo.rdzvTimeout = std::chrono::milliseconds(static_cast<int64_t>(fl.rdzvTimeoutS * 1000));
-  lo.grace = std::chrono::milliseconds(static_cast<int64_t>(cfg.train.commTimeoutS * 1000) + 10000);
+  lo.grace = std::chrono::milliseconds(cfg.train.commTimeoutMs() + 10000);
   lo.maxRestarts = fl.maxRestarts;
   return lt::comm::launch(args, lo);
 }
 
+// Intra-op threads (train.threads, else this rank's share of the cores) and the CPUs this
+// rank owns: local rank l of a process launch owns cores [l x t, (l + 1) x t).
+// Without a launcher (no LOCAL_RANK) the rank owns no particular CPUs.
+std::vector<int> setUpThreads(const lt::config::Config& cfg, int localRank, int localSize, bool launched) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const int threads = cfg.train.threads > 0 ? cfg.train.threads : std::max(1, cores / std::max(1, localSize));
+  at::set_num_threads(threads);
+  at::set_num_interop_threads(1);
+  std::vector<int> cpus;
+  if (launched)
+    for (int c = localRank * threads; c < (localRank + 1) * threads && c < cores; ++c) cpus.push_back(c);
+  return cpus;
+}
+
+// The groups of this rank: one rank alone, or Gloo over the rendezvous store after the
+// ranks agreed on one job identity. Gloo binds the interface toward MASTER_ADDR.
+lt::comm::Groups rankGroups(const lt::config::Config& cfg, const lt::comm::EnvRendezvous& rv) {
+  lt::comm::Options co;
+  co.timeout = std::chrono::milliseconds(cfg.train.commTimeoutMs());
+  if (rv.size == 1)
+    return lt::comm::makeGroups(c10::make_intrusive<c10d::HashStore>(), 0, 1, cfg.sequenceParallelSize, co);
+  const char* master = std::getenv("MASTER_ADDR");  // --nproc children get 127.0.0.1: loopback
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  const auto b = lt::comm::glooBindingFor(master ? master : "", ifname ? ifname : "");
+  co.hostname = b.hostname;
+  co.interfaces = b.interfaces;
+  if (rv.rank == 0 && (!b.interfaces.empty() || b.hostname != "127.0.0.1"))
+    std::printf("longtrain: %s\n", b.describe().c_str());
+  const auto hosts = lt::comm::exchangeIdentity(*rv.store, rv.rank, rv.size, rankIdentity(cfg, rv.size, co.hostname),
+                                                co.timeout, rv.storeWhere);
+  auto groups = lt::comm::makeGroups(rv.store, rv.rank, rv.size, cfg.sequenceParallelSize, co, rv.heartbeatStore,
+                                     cfg.layout.R);
+  groups.liveness->setHosts(hosts);
+  groups.liveness->setStoreWhere(rv.storeWhere);
+  return groups;
+}
+
+// Fault injection (tests) fires on the first attempt only, so a restarted job can finish.
+void addFaultHooks(lt::train::TrainOptions& to, int rank) {
+  to.faultKillRank = envInt("LONGTRAIN_FAULT_KILL_RANK", -1);
+  to.faultKillStep = envInt("LONGTRAIN_FAULT_KILL_STEP", -1);
+  const char* stage = std::getenv("LONGTRAIN_FAULT_CKPT_STAGE");
+  if (!stage || !*stage) return;
+  // This rank dies at that stage of its n-th save (LONGTRAIN_FAULT_CKPT_SAVE, default 1).
+  const bool me = envInt("LONGTRAIN_FAULT_KILL_RANK", 0) == rank;
+  const int nth = envInt("LONGTRAIN_FAULT_CKPT_SAVE", 1);
+  to.checkpointHook = [st = std::string(stage), me, nth, saves = 0](const std::string& s) mutable {
+    if (s == "rank_file_fsynced") ++saves;  // the first stage of every save, on every rank
+    if (me && s == st && saves == nth) ::raise(SIGKILL);
+  };
+}
+
+// Inside a rank: rendezvous, build the groups, train.
+int runRank(lt::config::Config cfg, const TrainFlags& fl, const std::string& resume) {
+  lt::installStopHandlers();
+  auto rv = lt::comm::rendezvousFromEnv(std::chrono::milliseconds(cfg.train.commTimeoutMs()));
+  lt::train::TrainOptions to;
+  to.engine.rankCpus = setUpThreads(cfg, rv.localRank, rv.localSize, std::getenv("LOCAL_RANK") != nullptr);
+  lt::comm::Groups groups = rankGroups(cfg, rv);
+  if (cfg.train.memoryBudget == 0) cfg.train.memoryBudget = lt::plan::memoryBudgetFor(cfg, rv.localSize);
+  to.metricsPath = fl.metrics;
+  to.tracePath = fl.trace;
+  to.printProgram = fl.printProgram;
+  to.resume = resume;
+  const int attempt = envInt("LONGTRAIN_RESTART_ATTEMPT", 0);
+  to.restarted = attempt > 0;
+  if (const char* id = std::getenv("LONGTRAIN_RUN_ID")) to.runId = id;
+  if (attempt == 0) addFaultHooks(to, rv.rank);
+  auto s = lt::train::runTraining(cfg, groups, to);
+  if (rv.rank == 0 && !s.stopSignal)
+    std::printf("done: %lld steps, final loss %.4f, eval loss %.4f, eval accuracy %.3f, %.0f tokens/s\n",
+                (long long)s.steps, s.finalLoss, s.evalLoss, s.evalAccuracy, s.tokensPerS);
+  groups.world->barrier();  // nobody tears down its process group while a peer still needs it
+  return s.stopSignal ? 128 + s.stopSignal : 0;
+}
+
 int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
-  const std::string& configPath = fl.config;
-  const int nprocFlag = fl.nproc;
-  const auto& sets = fl.sets;
   const bool inRank = std::getenv("WORLD_SIZE") != nullptr;
-  nlohmann::json j = lt::train::loadConfigJson(configPath, sets);
-  const int nproc = nprocOf(j, nprocFlag);
+  nlohmann::json j = lt::config::loadConfigJson(fl.config, fl.sets);
+  const int nproc = nprocOf(j, fl.nproc);
   const int world = inRank ? envInt("WORLD_SIZE", 1) : nproc * fl.nnodes;
   // Validate before launching, so a config error is reported once, not once per rank.
-  lt::train::Config cfg = lt::train::parseConfig(j, world);
+  lt::config::Config cfg = lt::config::parseConfig(j, world);
   preflightMemory(cfg, world, inRank ? envInt("LOCAL_WORLD_SIZE", 1) : nproc);
   std::string resume = fl.resume;
   if (fl.resumeGiven && resume.empty()) {
@@ -214,66 +288,7 @@ int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
            " needs train.checkpoint.dir (and every_steps), or a restart would start over from step 0");
   if (!inRank && (nproc > 1 || fl.maxRestarts > 0 || fl.nnodes > 1 || !fl.masterAddr.empty()))
     return launchRanks(argc, argv, fl, cfg, nproc);
-  lt::installStopHandlers();
-  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.train.commTimeoutS * 1000));
-  auto rv = lt::comm::rendezvousFromEnv(timeout);
-  int threads = cfg.train.threads;
-  if (threads <= 0)
-    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, rv.localSize));
-  at::set_num_threads(threads);
-  at::set_num_interop_threads(1);
-
-  lt::comm::Options co;
-  co.timeout = timeout;
-  if (rv.size > 1) {  // --nproc children get MASTER_ADDR 127.0.0.1: loopback
-    const char* master = std::getenv("MASTER_ADDR");
-    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
-    const auto b = lt::comm::glooBindingFor(master ? master : "", ifname ? ifname : "");
-    co.hostname = b.hostname;
-    co.interfaces = b.interfaces;
-    if (rv.rank == 0 && (!b.interfaces.empty() || b.hostname != "127.0.0.1"))
-      std::printf("longtrain: %s\n", b.describe().c_str());
-  }
-  lt::comm::Groups groups;
-  if (rv.size == 1) {
-    groups = lt::comm::makeGroups(c10::make_intrusive<c10d::HashStore>(), 0, 1, cfg.sequenceParallelSize, co);
-  } else {
-    const auto hosts = lt::comm::exchangeIdentity(*rv.store, rv.rank, rv.size, rankIdentity(cfg, rv.size, co.hostname),
-                                                  timeout, rv.storeWhere);
-    groups = lt::comm::makeGroups(rv.store, rv.rank, rv.size, cfg.sequenceParallelSize, co, rv.heartbeatStore,
-                                  cfg.spLayout.R);
-    groups.liveness->setHosts(hosts);
-    groups.liveness->setStoreWhere(rv.storeWhere);
-  }
-  if (cfg.train.memoryBudget == 0) cfg.train.memoryBudget = lt::plan::memoryBudgetFor(cfg, rv.localSize);
-  lt::train::TrainOptions to;
-  to.metricsPath = fl.metrics;
-  to.tracePath = fl.trace;
-  to.printProgram = fl.printProgram;
-  to.resume = resume;
-  // Fault injection (tests) fires on the first attempt only, so a restarted job can finish.
-  const int attempt = envInt("LONGTRAIN_RESTART_ATTEMPT", 0);
-  to.restarted = attempt > 0;
-  if (const char* id = std::getenv("LONGTRAIN_RUN_ID")) to.runId = id;
-  if (attempt == 0) {
-    to.faultKillRank = envInt("LONGTRAIN_FAULT_KILL_RANK", -1);
-    to.faultKillStep = envInt("LONGTRAIN_FAULT_KILL_STEP", -1);
-    if (const char* stage = std::getenv("LONGTRAIN_FAULT_CKPT_STAGE"); stage && *stage) {
-      // This rank dies at that stage of its n-th save (LONGTRAIN_FAULT_CKPT_SAVE, default 1).
-      const bool me = envInt("LONGTRAIN_FAULT_KILL_RANK", 0) == rv.rank;
-      const int nth = envInt("LONGTRAIN_FAULT_CKPT_SAVE", 1);
-      to.checkpointHook = [st = std::string(stage), me, nth, saves = 0](const std::string& s) mutable {
-        if (s == "rank_file_fsynced") ++saves;  // the first stage of every save, on every rank
-        if (me && s == st && saves == nth) ::raise(SIGKILL);
-      };
-    }
-  }
-  auto s = lt::train::runTraining(cfg, groups, to);
-  if (rv.rank == 0 && !s.stopSignal)
-    std::printf("done: %lld steps, final loss %.4f, eval loss %.4f, eval accuracy %.3f, %.0f tokens/s\n",
-                (long long)s.steps, s.finalLoss, s.evalLoss, s.evalAccuracy, s.tokensPerS);
-  groups.world->barrier();  // nobody tears down its process group while a peer still needs it
-  return s.stopSignal ? 128 + s.stopSignal : 0;
+  return runRank(std::move(cfg), fl, resume);
 }
 
 // `longtrain info`: what a run would get on this machine, and whether its GEMM computes right.
@@ -503,14 +518,25 @@ int cmdPlot(const std::vector<std::string>& files, const std::vector<std::string
   return 0;
 }
 
-}  // namespace
+struct ExportFlags {
+  std::string ckpt, out, dtype = "fp32";
+};
 
-int main(int argc, char** argv) {
-  lt::ensureBestBlasKernel(argv);  // may re-execute this program once, before anything runs
-  CLI::App app{"longtrain: long-sequence transformer training (Ulysses SP, ZeRO-3/SuperOffload, compile passes)"};
-  app.require_subcommand(1);
+struct PlanFlags {
+  std::string config, maxSeq;
+  int nproc = 0;
+  std::vector<std::string> sets;
+};
+
+struct PlotFlags {
+  std::vector<std::string> files, labels;
+  std::string out;
+  lt::report::PlotOptions options;
+};
+
+// ---------------------------------------------------------------------------- subcommands
+CLI::App* addTrainCommand(CLI::App& app, TrainFlags& fl) {
   auto* train = app.add_subcommand("train", "train a model from a JSON config (DeepSpeed key names)");
-  TrainFlags fl;
   train->add_option("CONFIG", fl.config, "path of the JSON config")->required();
   train->add_option("--nproc,--nproc-per-node", fl.nproc, "ranks to launch on this node (torchrun's "
                                                          "--nproc-per-node); default: the config's train.nproc")
@@ -533,39 +559,49 @@ int main(int argc, char** argv) {
   train->add_flag("--print-program", fl.printProgram, "print the step program before training");
   train->add_option("--trace", fl.trace, "write a Chrome trace-event JSON of every rank (program instructions, "
                                          "collectives, SuperOffload Adam steps, checkpoint writes; open in Perfetto)");
-  auto* resumeOpt = train->add_option("--resume", fl.resume, "resume from a checkpoint: a step directory, or a root "
+  fl.resumeOption = train->add_option("--resume", fl.resume, "resume from a checkpoint: a step directory, or a root "
                                                              "(its newest complete checkpoint); default: "
                                                              "train.checkpoint.dir")
                         ->expected(0, 1);
   train->add_option("--max-restarts", fl.maxRestarts, "restart the whole job from its newest checkpoint up to N "
                                                       "times when a rank fails (torchrun's --max-restarts)")
       ->check(CLI::Range(0, 1000));
+  return train;
+}
+
+CLI::App* addExportCommand(CLI::App& app, ExportFlags& f) {
   auto* exp = app.add_subcommand("export", "write a checkpoint's model as a Hugging Face Llama directory (config.json, "
                                            "model.safetensors, the tokenizer), or as one .safetensors file");
-  std::string ckptPath, outPath, exportDtype = "fp32";
-  exp->add_option("CKPT", ckptPath, "a checkpoint directory, or a root (its newest complete checkpoint)")->required();
-  exp->add_option("--out", outPath, "the model directory to write (or a file ending in .safetensors: the weights "
+  exp->add_option("CKPT", f.ckpt, "a checkpoint directory, or a root (its newest complete checkpoint)")->required();
+  exp->add_option("--out", f.out, "the model directory to write (or a file ending in .safetensors: the weights "
                                     "alone)")->required();
-  exp->add_option("--dtype", exportDtype, "dtype of the written weights: fp32 (exact) or bf16")
+  exp->add_option("--dtype", f.dtype, "dtype of the written weights: fp32 (exact) or bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  return exp;
+}
+
+CLI::App* addPlanCommand(CLI::App& app, PlanFlags& f) {
   auto* plan = app.add_subcommand("plan", "predict each rank's peak memory for a config, or (--max-seq) the "
                                           "longest seq_len within a per-rank budget; runs nothing");
-  std::string planConfig, maxSeq;
-  int planNproc = 0;
-  std::vector<std::string> planSets;
-  plan->add_option("CONFIG", planConfig, "path of the JSON config")->required();
-  plan->add_option("--nproc", planNproc, "ranks the config would run on (default: the config's train.nproc)")
+  plan->add_option("CONFIG", f.config, "path of the JSON config")->required();
+  plan->add_option("--nproc", f.nproc, "ranks the config would run on (default: the config's train.nproc)")
       ->check(CLI::Range(1, 1024));
-  plan->add_option("--set", planSets, "override a config key by its dotted path with a JSON value (repeatable)");
-  plan->add_option("--max-seq", maxSeq, "per-rank byte budget (4GiB, 512MiB, 1.5GB or plain bytes): print the "
+  plan->add_option("--set", f.sets, "override a config key by its dotted path with a JSON value (repeatable)");
+  plan->add_option("--max-seq", f.maxSeq, "per-rank byte budget (4GiB, 512MiB, 1.5GB or plain bytes): print the "
                                         "longest seq_len that fits, and the ablation ladder's");
+  return plan;
+}
+
+CLI::App* addInfoCommand(CLI::App& app, int* threads) {
   auto* info = app.add_subcommand("info", "print the CPU, the BLAS kernel and allocator a run gets, the measured "
                                           "GEMM peak, and check the kernel's numerics");
-  int infoThreads = 0;
-  info->add_option("--threads", infoThreads, "intra-op threads (default: every core, as one rank trains)")->check(CLI::Range(1, 1024));
+  info->add_option("--threads", *threads, "intra-op threads (default: every core, as one rank trains)")->check(CLI::Range(1, 1024));
+  return info;
+}
+
+CLI::App* addGenerateCommand(CLI::App& app, GenerateFlags& gf) {
   auto* gen = app.add_subcommand("generate", "generate text from a checkpoint or a Hugging Face Llama directory "
                                             "(KV cache; tokens printed as they come)");
-  GenerateFlags gf;
   gen->add_option("MODEL", gf.source, "a checkpoint (step directory or root) or a Hugging Face model directory")
       ->required();
   gen->add_option("--prompt", gf.prompt, "the prompt text (tokenized with the model's tokenizer)");
@@ -580,9 +616,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
   gen->add_option("--seed", gf.sampling.seed, "seed of the sampling generator (default 1234)");
   gen->add_flag("--ignore-eos", gf.ignoreEos, "keep generating after the tokenizer's EOS");
+  return gen;
+}
+
+CLI::App* addTokenizeCommand(CLI::App& app, TokenizeFlags& tf) {
   auto* tokenize = app.add_subcommand("tokenize", "turn text files into a token file for data.type uint16/uint32 "
                                                   "(EOS after every document), training the tokenizer first if asked");
-  TokenizeFlags tf;
   tokenize->add_option("FILE", tf.inputs, "text files (each one document, or split by --split-on)")->required();
   tokenize->add_option("--tokenizer", tf.tokenizer, "the SentencePiece .model to use (or to write, with "
                                                     "--train-tokenizer)")->required();
@@ -594,51 +633,84 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   tokenize->add_option("--tokenizer-type", tf.tokenizerType, "with --train-tokenizer: unigram (default) or bpe")
       ->check(CLI::IsMember({"unigram", "bpe"}));
+  return tokenize;
+}
+
+CLI::App* addPlotCommand(CLI::App& app, PlotFlags& f) {
   auto* plot = app.add_subcommand("plot", "plot loss (and eval loss), tokens/s, MFU and peak memory of one or more "
                                           "runs' --metrics files, overlaid, as one SVG (or PNG)");
-  std::vector<std::string> plotFiles, plotLabels;
-  std::string plotOut;
-  lt::report::PlotOptions plotOpt;
-  plot->add_option("METRICS", plotFiles, "JSONL files written by `longtrain train --metrics`")->required();
-  plot->add_option("--out", plotOut, "the image to write: .svg, or .png (needs rsvg-convert, Debian librsvg2-bin)")
+  plot->add_option("METRICS", f.files, "JSONL files written by `longtrain train --metrics`")->required();
+  plot->add_option("--out", f.out, "the image to write: .svg, or .png (needs rsvg-convert, Debian librsvg2-bin)")
       ->required();
-  plot->add_option("--label", plotLabels, "legend name of each run, in the files' order (repeat once per file; "
+  plot->add_option("--label", f.labels, "legend name of each run, in the files' order (repeat once per file; "
                                           "default: the file names)");
-  plot->add_flag("--log-loss", plotOpt.logLoss, "log-scale y axis for the loss panel");
-  plot->add_option("--title", plotOpt.title, "a title above the legend");
-  plot->add_option("--width", plotOpt.width, "image width in pixels (default 1200)")->check(CLI::Range(400, 10000));
+  plot->add_flag("--log-loss", f.options.logLoss, "log-scale y axis for the loss panel");
+  plot->add_option("--title", f.options.title, "a title above the legend");
+  plot->add_option("--width", f.options.width, "image width in pixels (default 1200)")->check(CLI::Range(400, 10000));
+  return plot;
+}
+
+// A failed command's message on stderr (naming the rank inside a job), exit status 1. An
+// allocation failure names the phase it happened in (core/phase.h) and points to `plan`.
+int reportFailure(const char* what, bool badAlloc) {
+  const int rank = envInt("RANK", 0);
+  const bool inJob = std::getenv("WORLD_SIZE") != nullptr;
+  const std::string where = inJob ? " on rank " + std::to_string(rank) : "";
+  if (badAlloc) {
+    std::fprintf(stderr, "longtrain: error%s: out of memory (std::bad_alloc) while %s; `longtrain plan` predicts "
+                 "the peak: lower data.seq_len or the micro batch, or spread the state (ZeRO-3, "
+                 "sequence_parallel_size)\n", where.c_str(), lt::currentPhase());
+    return 1;
+  }
+  // ATen reports a failed allocation as its own error ("can't allocate memory"): same hint.
+  const bool oom = std::strstr(what, "can't allocate memory") != nullptr;
+  const std::string text = oom ? lt::firstLine(what) + " (out of memory while " + lt::currentPhase() +
+                                     "; `longtrain plan` predicts the peak)"
+                               : std::string(what);
+  std::fprintf(stderr, "longtrain: error%s: %s\n", where.c_str(), text.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  lt::ensureBestBlasKernel(argv);  // may re-execute this program once, before anything runs
+  CLI::App app{"longtrain: long-sequence transformer training (Ulysses SP, ZeRO-3/SuperOffload, compile passes)"};
+  app.require_subcommand(1);
+  TrainFlags trainFlags;
+  ExportFlags exportFlags;
+  PlanFlags planFlags;
+  GenerateFlags generateFlags;
+  TokenizeFlags tokenizeFlags;
+  PlotFlags plotFlags;
+  int infoThreads = 0;
+  auto* train = addTrainCommand(app, trainFlags);
+  auto* exp = addExportCommand(app, exportFlags);
+  auto* plan = addPlanCommand(app, planFlags);
+  auto* info = addInfoCommand(app, &infoThreads);
+  auto* gen = addGenerateCommand(app, generateFlags);
+  auto* tokenize = addTokenizeCommand(app, tokenizeFlags);
+  auto* plot = addPlotCommand(app, plotFlags);
   CLI11_PARSE(app, argc, argv);
   // Flush subnormals to zero before any thread pool exists (new threads inherit the mode):
   // training drives some values (softmax tails, Adam's v) subnormal, and x86 then runs
   // those ops ~100x slower. Measured here: tokens/s fell from 10k to 3.7k within 100 steps.
   at::globalContext().setFlushDenormal(true);
-  const int rank = envInt("RANK", 0);
   try {
     if (*train) {
-      fl.resumeGiven = resumeOpt->count() > 0;
-      return cmdTrain(argc, argv, fl);
+      trainFlags.resumeGiven = trainFlags.resumeOption->count() > 0;
+      return cmdTrain(argc, argv, trainFlags);
     }
-    if (*exp) return cmdExport(ckptPath, outPath, exportDtype);
+    if (*exp) return cmdExport(exportFlags.ckpt, exportFlags.out, exportFlags.dtype);
     if (*info) return cmdInfo(infoThreads);
-    if (*gen) return cmdGenerate(gf);
-    if (*plan) return cmdPlan(planConfig, planNproc, planSets, maxSeq);
-    if (*plot) return cmdPlot(plotFiles, plotLabels, plotOut, plotOpt);
-    if (*tokenize) return cmdTokenize(tf);
+    if (*gen) return cmdGenerate(generateFlags);
+    if (*plan) return cmdPlan(planFlags.config, planFlags.nproc, planFlags.sets, planFlags.maxSeq);
+    if (*plot) return cmdPlot(plotFlags.files, plotFlags.labels, plotFlags.out, plotFlags.options);
+    if (*tokenize) return cmdTokenize(tokenizeFlags);
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "longtrain: error%s: out of memory (std::bad_alloc) while %s; `longtrain plan` predicts "
-                 "the peak: lower data.seq_len or the micro batch, or spread the state (ZeRO-3, "
-                 "sequence_parallel_size)\n", std::getenv("WORLD_SIZE") ? (" on rank " + std::to_string(rank)).c_str() : "",
-                 lt::currentPhase());
-    return 1;
+    return reportFailure("", true);
   } catch (const std::exception& e) {
-    // ATen reports a failed allocation as its own error ("can't allocate memory"): same hint.
-    const bool oom = std::strstr(e.what(), "can't allocate memory") != nullptr;
-    const std::string what = oom ? lt::firstLine(e.what()) + " (out of memory while " + lt::currentPhase() +
-                                       "; `longtrain plan` predicts the peak)"
-                                 : std::string(e.what());
-    if (std::getenv("WORLD_SIZE")) std::fprintf(stderr, "longtrain: error on rank %d: %s\n", rank, what.c_str());
-    else std::fprintf(stderr, "longtrain: error: %s\n", what.c_str());
-    return 1;
+    return reportFailure(e.what(), false);
   }
   return 0;
 }

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/partition.h"
 #include "longtrain/core/trace.h"
 #include "longtrain/core/strings.h"
 
@@ -221,8 +222,8 @@ Work Comm::allGather(at::Tensor out, at::Tensor in) {
 }
 
 std::vector<int64_t> Comm::chunkSizes(int64_t n) const {
-  std::vector<int64_t> c(size_, n / size_);
-  for (int64_t i = 0; i < n % size_; ++i) c[i] += 1;
+  std::vector<int64_t> c;
+  for (int r = 0; r < size_; ++r) c.push_back(partitionRange(n, size_, r).length());
   return c;
 }
 

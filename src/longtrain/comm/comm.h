@@ -109,7 +109,8 @@ class Comm {
   Work broadcast(at::Tensor t, int root);
   void barrier();
 
-  // Chunk sizes of an N-element buffer split over the group: the first N % size get one more.
+  // Chunk sizes of an N-element buffer split over the group: ZeRO's partition rule
+  // (core/partition.h), ceil(N / size) each, the last ones shorter or empty.
   std::vector<int64_t> chunkSizes(int64_t n) const;
 
   // Text appended to a failed collective's error (the Liveness verdict on `error`).

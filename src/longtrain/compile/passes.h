@@ -2,8 +2,9 @@
 // FX graph). Each pass is a pure function Program -> Program of the program, a profile of a
 // previous step and memory budgets; none changes numerics (equivalence 6 of DESIGN.md), only
 // when parameters are gathered and how long activations live. Each declares what it
-// provides, requires and conflicts with; a pass list is valid when every requirement is
-// provided by an earlier pass in the same list and no conflict holds either way.
+// provides and requires; a pass list is valid when every requirement is provided by an
+// earlier pass in the same list. (DeepCompile's contracts also have conflicts_with; no pass
+// here conflicts with another, so there is no such field until one does.)
 #pragma once
 #include <cstdint>
 #include <string>
@@ -43,7 +44,7 @@ using PassFn = Program (*)(const Program&, const PassContext&);
 
 struct PassInfo {
   std::string name;
-  std::vector<std::string> provides, needs, conflicts;
+  std::vector<std::string> provides, needs;
   PassFn fn;
 };
 
@@ -51,7 +52,7 @@ struct PassInfo {
 const std::vector<PassInfo>& passRegistry();
 
 // Throws lt::Error naming `step` and the offending pass (unknown name with the closest
-// known one, an unmet requirement, or a conflicting pair).
+// known one, a pass listed twice, or an unmet requirement).
 void validatePasses(const std::vector<std::string>& names, int64_t step,
                     const std::vector<PassInfo>& registry = passRegistry());
 

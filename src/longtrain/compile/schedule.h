@@ -7,14 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "longtrain/config/config.h"
 #include "longtrain/core/fifo.h"
 
 namespace lt::compile {
 
-struct ScheduleEntry {
-  int64_t step = 0;
-  std::vector<std::string> passes;
-};
+using config::ScheduleEntry;  // (step, passes), as compile.schedule gives it
 
 class Schedule {
  public:

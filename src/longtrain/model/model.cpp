@@ -14,12 +14,6 @@
 
 namespace lt::model {
 
-int64_t ModelConfig::numParams() const {
-  int64_t kvDim = kvHeads * headDim();
-  int64_t perBlock = 2 * hidden + hidden * hidden * 2 + hidden * kvDim * 2 + 3 * hidden * intermediate;
-  return layers * perBlock + vocabSize * hidden * (tieEmbeddings ? 1 : 2) + hidden;
-}
-
 at::Tensor rmsNorm(const at::Tensor& x, const at::Tensor& w, double eps) {
   auto var = x.pow(2).mean(-1, /*keepdim=*/true);
   return x * at::rsqrt(var + eps) * w;

@@ -14,47 +14,17 @@
 #include <utility>
 #include <vector>
 
+#include "longtrain/config/model_config.h"
+
 namespace lt::model {
 
-// Hugging Face's rope_scaling: "none" (plain RoPE), "linear" (every frequency / factor) or
-// "llama3" (Llama 3.1's: low frequencies / factor, high ones kept, a smooth ramp between).
-struct RopeScaling {
-  std::string type = "none";
-  double factor = 1, lowFreqFactor = 1, highFreqFactor = 4;
-  int64_t originalMaxPositions = 0;
-};
+// The model's config section (config/model_config.h): its shape and kernel choices.
+using config::ModelConfig;
+using config::RopeScaling;
 
 // RoPE's inverse frequencies theta^(-2i/headDim), i < headDim/2, with the scaling applied, in
 // `dtype`. Without scaling exactly the ops model::rope always ran.
 at::Tensor ropeInverseFrequencies(int64_t headDim, double theta, const RopeScaling& scaling, at::ScalarType dtype);
-
-struct ModelConfig {
-  int64_t vocabSize = 256, hidden = 128, layers = 2, heads = 4, kvHeads = 4, intermediate = 344;
-  double ropeTheta = 10000.0, normEps = 1e-5, initStd = 0.02;
-  RopeScaling ropeScaling;
-  bool tieEmbeddings = false;
-  // model.init_from: a Hugging Face Llama directory whose config.json gave the fields above
-  // and whose safetensors give the initial weights ("" : random init from the seed).
-  std::string initFrom;
-  int64_t maxPositions = 0;  // max_position_embeddings of init_from (0: unknown); recorded on export
-  // The attention core: "fused" (fused_attention.h, the default), "chunked" (attention.h) or
-  // "naive" (causalAttention); the last two are the references the fused kernel is tested against.
-  std::string attention = "fused";
-  int64_t attentionChunk = 0;  // tile edge of "fused" and "chunked"; 0: theirs (128) / 256
-  int64_t lossChunk = 0;       // 0: logits of the whole sequence at once; else tiles of this many tokens
-  bool tiledMlp = false;       // MLP over ceil(S / hidden) sequence shards (DeepSpeed's TiledMLP)
-  // Fused RMSNorm and SwiGLU (fused_ops.h), q/k/v and gate/up each one GEMM; false: the ATen
-  // composition, the reference the fused path is tested against. Parameters are the same.
-  bool fusedKernels = true;
-  // GEMMs (projections, MLP, LM head) in bf16 with fp32 outputs; weights, norms, attention,
-  // gradients and the optimizer stay fp32 (bf16.enabled, when the CPU's bf16 GEMM is faster).
-  bool bf16Compute = false;
-  // data.packing "documents": attention is block-diagonal causal over the documents that the
-  // position ids mark (they restart at 0 at each document's first token).
-  bool packedDocuments = false;
-  int64_t headDim() const { return hidden / heads; }
-  int64_t numParams() const;
-};
 
 // The core of attention: q [B, S, H, Dh], k and v [B, S, KV, Dh], already rotated, over the
 // whole sequence; returns [B, S, H, Dh]. `packedPositions` is undefined for plain causal

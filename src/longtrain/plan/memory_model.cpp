@@ -13,6 +13,7 @@
 #include "longtrain/core/check.h"
 #include "longtrain/core/memory.h"
 #include "longtrain/core/strings.h"
+#include "longtrain/config/validate.h"
 
 namespace lt::plan {
 
@@ -72,17 +73,17 @@ struct Dims {
   double blockN, embedN, headN, N, maxParam;
 };
 
-// From the keys, not c.spLayout: the ladder and the search change sequence_parallel_size.
-sp::Layout layoutOf(const train::Config& c) {
-  return sp::chooseLayout(c.sequenceParallelSize, c.model.heads, c.model.kvHeads, c.sequenceParallelRingDegree,
-                          c.sequenceParallelBalance);
+// From the keys, not c.layout: the ladder and the search change sequence_parallel_size (a
+// world of P ranks is enough to split it; the split does not depend on the DP size).
+config::ParallelLayout layoutOf(const config::Config& c) {
+  return config::layoutOf(c, c.sequenceParallelSize);
 }
 
-Dims dimsOf(const train::Config& c, int world) {
+Dims dimsOf(const config::Config& c, int world) {
   const auto& m = c.model;
   Dims d{};
   d.B = static_cast<double>(c.microBatch);
-  const sp::Layout lay = layoutOf(c);
+  const config::ParallelLayout lay = layoutOf(c);
   d.S = static_cast<double>(lay.paddedLength(c.data.seqLen));
   d.P = c.sequenceParallelSize;
   d.U = lay.U;
@@ -97,10 +98,9 @@ Dims dimsOf(const train::Config& c, int world) {
   d.V = static_cast<double>(m.vocabSize);
   d.L = static_cast<double>(m.layers);
   d.W = world;
-  const double kvDim = d.KV * d.Dh;
-  d.blockN = 2 * d.D + 2 * d.D * d.D + 2 * d.D * kvDim + 3 * d.D * d.F;
-  d.embedN = d.V * d.D;
-  d.headN = d.D + (m.tieEmbeddings ? 0 : d.V * d.D);
+  d.blockN = static_cast<double>(m.blockParams());
+  d.embedN = static_cast<double>(m.embedParams());
+  d.headN = static_cast<double>(m.headParams());
   d.N = d.L * d.blockN + d.embedN + d.headN;
   d.maxParam = std::max(d.V * d.D, d.D * d.F);
   return d;
@@ -120,18 +120,11 @@ struct Phase {
 // Under Ulysses the attention core holds [B, S, H/P, Dh] per rank: the same bytes as uD.
 // Returns the larger of the MLP's and the attention's backward working sets; `saved` gets
 // what a block that keeps its graph holds from its forward to its backward (beyond its input).
-Bytes blockCost(const train::Config& c, const Dims& d, bool* attnPeak, Bytes* saved) {
-  const double uD = d.B * d.s * d.D * kF, uKV = d.B * d.s * d.KV * d.Dh * kF, uF = d.B * d.s * d.F * kF;
+// The attention half: what autograd saves for it (`saved`) and what its backward adds (`work`).
+void attentionCost(const config::Config& c, const Dims& d, Bytes& savedAttn, Bytes& attnWork) {
+  const double uD = d.B * d.s * d.D * kF, uKV = d.B * d.s * d.KV * d.Dh * kF;
   const double hP = d.H / d.P;
-  // Saved by autograd for the attention half (model.cpp Model::block):
-  //   rmsNorm: x*rsqrt (uD) and its output h (uD); q projection and its rotation (2 uD);
-  //   k projection, its rotation, v (3 uKV); the attention output reshaped for o_proj (uD);
-  //   x1 = x + o_proj(a) (uD).
-  // With model.fused_kernels the norm saves only its output (and [B, S] rstd) and one GEMM
-  // against [wq; wk; wv] (a weight copy the GEMM saves) makes q, k, v as column views of one
-  // output; the fused attention kernel copies the strided v (uKV).
   const bool fusedOps = c.model.fusedKernels;
-  Bytes savedAttn, attnWork;
   savedAttn.add(fusedOps ? 5 : 6, uD);
   savedAttn.add(fusedOps && c.model.attention == "fused" ? 4 : 3, uKV);
   if (fusedOps) savedAttn.add(1, d.D * (d.D + 2 * d.KV * d.Dh) * kF);
@@ -189,11 +182,16 @@ Bytes blockCost(const train::Config& c, const Dims& d, bool* attnPeak, Bytes* sa
     attnWork.add(3, uD);
   }
   if (d.U > 1) attnWork.add(3, uD);  // all-to-all backward: contiguous gradient, send, receive
+}
+
+// The MLP half, likewise.
+void mlpCost(const config::Config& c, const Dims& d, Bytes& savedMlp, Bytes& mlpWork) {
+  const double uD = d.B * d.s * d.D * kF, uF = d.B * d.s * d.F * kF;
+  const bool fusedOps = c.model.fusedKernels;
   // MLP half: rmsNorm (2 uD); untiled SwiGLU saves gate(x), silu(gate), up(x) and their
   // product (4 uF); TiledMLP saves only its input (already counted as m).
   // Fused: the norm saves 1 uD; the gate/up GEMM's output [B, S/P, 2F] is what the fused
   // SwiGLU saves, its product (uF) is saved by down_proj, and [wGate; wUp] by the GEMM.
-  Bytes savedMlp, mlpWork;
   savedMlp.add(fusedOps ? 1 : 2, uD);
   if (fusedOps) savedMlp.add(2, d.D * d.F * kF);
   if (c.model.tiledMlp) {
@@ -211,6 +209,13 @@ Bytes blockCost(const train::Config& c, const Dims& d, bool* attnPeak, Bytes* sa
     mlpWork.add(3, uF);
     mlpWork.add(1, uD);
   }
+}
+
+Bytes blockCost(const config::Config& c, const Dims& d, bool* attnPeak, Bytes* saved) {
+  const double uD = d.B * d.s * d.D * kF;
+  Bytes savedAttn, attnWork, savedMlp, mlpWork;
+  attentionCost(c, d, savedAttn, attnWork);
+  mlpCost(c, d, savedMlp, mlpWork);
   // The executor holds the block's output y and the upstream gradient (2 uD) throughout.
   Bytes mlpPhase, attnPhase;
   mlpPhase.add(savedAttn);
@@ -230,7 +235,7 @@ Bytes blockCost(const train::Config& c, const Dims& d, bool* attnPeak, Bytes* sa
 // when lossSum returns, but log_softmax saves its output; backward holds it with nll's
 // gradient and log_softmax's (3 [B, cl, V]); the final norm's saved tensors and dh (3
 // [B, cl, D]); the LM head's weight-gradient temporary (V x D); tiled: gradH (uD).
-Bytes lossCost(const train::Config& c, const Dims& d) {
+Bytes lossCost(const config::Config& c, const Dims& d) {
   const double cl = c.model.lossChunk > 0 ? std::min<double>(static_cast<double>(c.model.lossChunk), d.s) : d.s;
   Bytes t;
   t.add(3, d.B * cl * d.V * kF);
@@ -242,7 +247,7 @@ Bytes lossCost(const train::Config& c, const Dims& d) {
 
 }  // namespace
 
-ModelState modelState(const train::Config& c, int world) {
+ModelState modelState(const config::Config& c, int world) {
   const Dims d = dimsOf(c, world);
   const int stage = c.zero.stage;
   const double share = stage >= 1 ? 1.0 / d.W : 1.0;  // masters, Adam states, gradient partitions
@@ -253,7 +258,7 @@ ModelState modelState(const train::Config& c, int world) {
   // Stages 1 and 2 keep the full parameters beside the masters; stage 3 keeps only its masters.
   m.parameters = static_cast<int64_t>(d.N * kF * (stage == 0 ? 1 : stage == 3 ? share : 1 + share));
   // The gradient partitions (stage 0: the whole gradients); full gradients on their way to a
-  // reduce-scatter are counted by phase (evaluate).
+  // reduce-scatter are counted by phase (predict).
   m.gradients = static_cast<int64_t>(d.N * kF * share);
   m.optimizer = static_cast<int64_t>(optim);
   return m;
@@ -266,103 +271,132 @@ struct Prediction {
   double largeCount = 0;  // tensors at or above the mmap ceiling, over all phases
 };
 
-// `graphBlocks`: how many of the last blocks keep their autograd graph (no recompute).
-Prediction evaluate(const train::Config& c, int world, int graphBlocks) {
-  LT_CHECK(world >= 1 && world % c.sequenceParallelSize == 0, "plan: world size ", world,
-           " is not a multiple of sequence_parallel_size=", c.sequenceParallelSize);
-  const Dims d = dimsOf(c, world);
-  const bool z3 = c.zero.stage == 3, zero = c.zero.stage >= 1;
+// The quantities every phase shares.
+struct StepTerms {
+  Dims d;
+  bool z3 = false, zero = false;
   // Stage 1 keeps gradients whole until the step's last micro-batch (with one micro-batch that
   // is every one: it then buckets like stage 2).
-  const bool accumulatesWhole = c.zero.stage == 1 && c.gradAccum > 1;
-  const double uD = d.B * d.s * d.D * kF;
+  bool accumulatesWhole = false;
+  double uD = 0;      // [B, S/P, D]
+  double batch = 0;   // batch tensors
+  double sgFull = 0;  // full gradients that can wait in a ZeRO bucket
+  double params = 0, grads = 0, optim = 0;  // persistent (modelState)
+  Bytes block, saved;  // one block's recompute + backward; what a kept graph holds
+  bool attnPeak = false;
+};
+
+StepTerms stepTerms(const config::Config& c, int world) {
+  StepTerms t;
+  t.d = dimsOf(c, world);
+  const Dims& d = t.d;
+  t.z3 = c.zero.stage == 3;
+  t.zero = c.zero.stage >= 1;
+  t.accumulatesWhole = c.zero.stage == 1 && c.gradAccum > 1;
+  t.uD = d.B * d.s * d.D * kF;
   // Batch tensors: ids, labels, positions, shift_labels as int64 (the Ulysses loader
   // all-gathers the P batches and queues P shards: the same total), plus kv_recall's
   // samples as vectors while collating.
-  const double batch = 48 * d.B * d.S;
-  // Full gradients that can wait in a ZeRO-3 bucket (IpgBuckets): the whole model when
+  t.batch = 48 * d.B * d.S;
+  // Full gradients that can wait in a ZeRO bucket (IpgBuckets): the whole model when
   // sub_group_size >= N (the default 1e9), else about one sub-group.
-  const double sgFull = std::min(d.N, static_cast<double>(c.zero.subGroupSize) + d.maxParam);
+  t.sgFull = std::min(d.N, static_cast<double>(c.zero.subGroupSize) + d.maxParam);
   const ModelState ms = modelState(c, world);
-  const double params = static_cast<double>(ms.parameters), grads = static_cast<double>(ms.gradients),
-               optim = static_cast<double>(ms.optimizer);
+  t.params = static_cast<double>(ms.parameters);
+  t.grads = static_cast<double>(ms.gradients);
+  t.optim = static_cast<double>(ms.optimizer);
+  t.block = blockCost(c, d, &t.attnPeak, &t.saved);
+  return t;
+}
 
-  std::vector<Phase> phases;
-  bool attnPeak = false;
-  Bytes saved;
-  const Bytes block = blockCost(c, d, &attnPeak, &saved);
+// The backward of each block b (its recompute, or its kept graph: the same working set):
+// inputs of blocks 0..b are still kept (free_activations frees b after), and so are the graphs
+// of the blocks before b that keep theirs (under ZeRO-3 with their parameters gathered).
+void addBackwardPhases(const StepTerms& t, int graphBlocks, std::vector<Phase>& phases) {
+  const Dims& d = t.d;
   const int L = static_cast<int>(d.L), firstGraph = L - graphBlocks;
   for (int b = L - 1; b >= 0; --b) {
-    // Backward of block b (its recompute, or its kept graph: the same working set): inputs of
-    // blocks 0..b are still kept (free_activations frees b after), and so are the graphs of
-    // the blocks before b that keep theirs (under ZeRO-3 with their parameters gathered).
     const int graphsBefore = std::max(0, b - firstGraph);
     Phase p;
-    p.acts.add(b + 1, uD);
-    p.acts.add(1, batch);
-    for (int k = 0; k < graphsBefore; ++k) p.acts.add(saved);
-    p.params = params + (z3 ? (1 + graphsBefore) * d.blockN * kF : 0);  // ZeRO-3: block b gathered
+    p.acts.add(b + 1, t.uD);
+    p.acts.add(1, t.batch);
+    for (int k = 0; k < graphsBefore; ++k) p.acts.add(t.saved);
+    p.params = t.params + (t.z3 ? (1 + graphsBefore) * d.blockN * kF : 0);  // ZeRO-3: block b gathered
     const double done = d.headN + (d.L - b) * d.blockN;  // gradients produced so far this step
-    if (accumulatesWhole) p.grads = grads + d.N * kF;
-    else if (zero) p.grads = grads + std::min(done, sgFull) * kF;  // full gradients waiting in buckets
-    else p.grads = grads + (d.W > 1 ? (done - d.blockN) * kF : 0);  // all-reduce buffers of finished groups
-    p.optim = optim;
-    p.transient = block;
-    p.name = "backward of block " + std::to_string(b) + (attnPeak ? " (attention)" : " (MLP)");
+    if (t.accumulatesWhole) p.grads = t.grads + d.N * kF;
+    else if (t.zero) p.grads = t.grads + std::min(done, t.sgFull) * kF;  // full gradients waiting in buckets
+    else p.grads = t.grads + (d.W > 1 ? (done - d.blockN) * kF : 0);  // all-reduce buffers of finished groups
+    p.optim = t.optim;
+    p.transient = t.block;
+    p.name = "backward of block " + std::to_string(b) + (t.attnPeak ? " (attention)" : " (MLP)");
     phases.push_back(p);
   }
-  {
-    Phase p;  // LossAndGrad: every block input, the final hidden state and the kept graphs
-    p.acts.add(d.L + 1, uD);
-    p.acts.add(1, batch);
-    for (int k = 0; k < graphBlocks; ++k) p.acts.add(saved);
-    p.params = params + (z3 ? (d.headN + graphBlocks * d.blockN) * kF : 0);
-    p.grads = grads + (accumulatesWhole ? d.N * kF : zero ? std::min(d.headN, sgFull) * kF : 0);
-    p.optim = optim;
-    p.transient = lossCost(c, d);
-    p.name = c.model.lossChunk > 0 ? "loss (logits tiles)" : "loss (whole logits)";
-    phases.push_back(p);
-  }
-  if (zero) {
-    // A bucket completes (Zero3::onBucket): its full gradients, a piece's [W, run] send
-    // buffer (at most reduce_bucket_size elements), one padded gradient, and (W > 1) the
-    // all-to-all's receive buffer (Comm::reduceScatter). Reduce-scatters still in flight when
-    // compute is short are not counted.
-    const double piece = std::min(sgFull, std::max(static_cast<double>(c.zero.reduceBucketSize), d.maxParam));
-    Phase p;
-    p.params = params;
-    p.grads = grads;
-    p.transient.add(1, sgFull * kF);
-    p.transient.add(d.W > 1 ? 2 : 1, piece * kF);
-    p.transient.add(1, d.maxParam * kF);
-    p.optim = optim;
-    p.acts.add(1, batch);
-    p.name = "ZeRO gradient reduce-scatter";
-    phases.push_back(p);
-    Phase o;  // step(): the global norm reads each sub-group's gradient as float64, squared;
-    o.params = params;  // stages 1 and 2 then all-gather the masters, two runs in flight
-    o.grads = grads;
-    o.optim = optim;
-    o.transient.add(2, 8 * sgFull / d.W);
-    if (!z3)
-      o.transient.add(2, std::min(d.N, std::max(static_cast<double>(c.zero.allgatherBucketSize), d.maxParam)) * kF);
-    o.name = "optimizer step";
-    phases.push_back(o);
-    Phase i;  // construction: the whole model exists before Zero3 partitions it
-    i.params = z3 ? d.N * kF + params : params;
-    i.grads = grads;
-    i.optim = 2 * d.N * kF / d.W;
-    i.name = "ZeRO construction";
-    phases.push_back(i);
-  } else {
-    Phase o;  // the all-reduced flats wait until OptimizerStep; the norm is float64, squared
-    o.params = params;
-    o.grads = grads + (d.W > 1 ? d.N * kF : 0);
-    o.optim = optim;
-    o.transient.add(2, 8 * d.maxParam);
-    o.name = "optimizer step";
-    phases.push_back(o);
-  }
+}
+
+// LossAndGrad: every block input, the final hidden state and the kept graphs.
+Phase lossPhase(const config::Config& c, const StepTerms& t, int graphBlocks) {
+  const Dims& d = t.d;
+  Phase p;
+  p.acts.add(d.L + 1, t.uD);
+  p.acts.add(1, t.batch);
+  for (int k = 0; k < graphBlocks; ++k) p.acts.add(t.saved);
+  p.params = t.params + (t.z3 ? (d.headN + graphBlocks * d.blockN) * kF : 0);
+  p.grads = t.grads + (t.accumulatesWhole ? d.N * kF : t.zero ? std::min(d.headN, t.sgFull) * kF : 0);
+  p.optim = t.optim;
+  p.transient = lossCost(c, d);
+  p.name = c.model.lossChunk > 0 ? "loss (logits tiles)" : "loss (whole logits)";
+  return p;
+}
+
+// ZeRO stages 1-3: a bucket's reduce-scatter, the optimizer step and construction.
+void addZeroPhases(const config::Config& c, const StepTerms& t, std::vector<Phase>& phases) {
+  const Dims& d = t.d;
+  // A bucket completes (Zero3::onBucket): its full gradients, a piece's [W, run] send
+  // buffer (at most reduce_bucket_size elements), one padded gradient, and (W > 1) the
+  // all-to-all's receive buffer (Comm::reduceScatter). Reduce-scatters still in flight when
+  // compute is short are not counted.
+  const double piece = std::min(t.sgFull, std::max(static_cast<double>(c.zero.reduceBucketSize), d.maxParam));
+  Phase p;
+  p.params = t.params;
+  p.grads = t.grads;
+  p.transient.add(1, t.sgFull * kF);
+  p.transient.add(d.W > 1 ? 2 : 1, piece * kF);
+  p.transient.add(1, d.maxParam * kF);
+  p.optim = t.optim;
+  p.acts.add(1, t.batch);
+  p.name = "ZeRO gradient reduce-scatter";
+  phases.push_back(p);
+  Phase o;  // step(): the global norm reads each sub-group's gradient as float64, squared;
+  o.params = t.params;  // stages 1 and 2 then all-gather the masters, two runs in flight
+  o.grads = t.grads;
+  o.optim = t.optim;
+  o.transient.add(2, 8 * t.sgFull / d.W);
+  if (!t.z3)
+    o.transient.add(2, std::min(d.N, std::max(static_cast<double>(c.zero.allgatherBucketSize), d.maxParam)) * kF);
+  o.name = "optimizer step";
+  phases.push_back(o);
+  Phase i;  // construction: the whole model exists before Zero3 partitions it
+  i.params = t.z3 ? d.N * kF + t.params : t.params;
+  i.grads = t.grads;
+  i.optim = 2 * d.N * kF / d.W;
+  i.name = "ZeRO construction";
+  phases.push_back(i);
+}
+
+// Stage 0: the all-reduced flats wait until OptimizerStep; the norm is float64, squared.
+Phase dataParallelStepPhase(const StepTerms& t) {
+  Phase o;
+  o.params = t.params;
+  o.grads = t.grads + (t.d.W > 1 ? t.d.N * kF : 0);
+  o.optim = t.optim;
+  o.transient.add(2, 8 * t.d.maxParam);
+  o.name = "optimizer step";
+  return o;
+}
+
+// The peak over the phases: under tcmalloc the largest phase over the baseline; under glibc
+// the largest persistent + large-block set plus the heap (small blocks) and its fragmentation.
+Prediction peakOf(const std::vector<Phase>& phases) {
   const Phase* top = &phases[0];
   double held = 0, small = 0, largeCount = 0;
   for (const auto& p : phases) {
@@ -389,44 +423,57 @@ Prediction evaluate(const train::Config& c, int world, int graphBlocks) {
   return out;
 }
 
-}  // namespace
-
-MemoryBreakdown predictPeak(const train::Config& c, int world, int graphBlocks) {
-  LT_ASSERT(graphBlocks >= 0 && graphBlocks <= c.model.layers);
-  return evaluate(c, world, graphBlocks).breakdown;
+// `graphBlocks`: how many of the last blocks keep their autograd graph (no recompute).
+Prediction predict(const config::Config& c, int world, int graphBlocks) {
+  LT_CHECK(world >= 1 && world % c.sequenceParallelSize == 0, "plan: world size ", world,
+           " is not a multiple of sequence_parallel_size=", c.sequenceParallelSize);
+  const StepTerms t = stepTerms(c, world);
+  std::vector<Phase> phases;
+  addBackwardPhases(t, graphBlocks, phases);
+  phases.push_back(lossPhase(c, t, graphBlocks));
+  if (t.zero) addZeroPhases(c, t, phases);
+  else phases.push_back(dataParallelStepPhase(t));
+  return peakOf(phases);
 }
 
-int64_t memoryBudgetFor(const train::Config& c, int localRanks) {
+}  // namespace
+
+MemoryBreakdown predictPeak(const config::Config& c, int world, int graphBlocks) {
+  LT_ASSERT(graphBlocks >= 0 && graphBlocks <= c.model.layers);
+  return predict(c, world, graphBlocks).breakdown;
+}
+
+int64_t memoryBudgetFor(const config::Config& c, int localRanks) {
   if (c.train.memoryBudget > 0) return c.train.memoryBudget;
   const int64_t limit = rankMemoryLimitBytes(localRanks);
   return limit < 0 ? 0 : static_cast<int64_t>(0.9 * static_cast<double>(limit));
 }
 
-int graphBlocksFor(const train::Config& c, int world, int64_t budgetBytes) {
+int graphBlocksFor(const config::Config& c, int world, int64_t budgetBytes) {
   const int L = static_cast<int>(c.model.layers);
   if (c.activationCheckpointing == "all") return 0;
   if (c.activationCheckpointing == "none") return L;
   LT_ASSERT(c.activationCheckpointing == "auto");
   int k = 0;  // the peak grows with k: take the largest that fits (0 when none does)
-  while (k < L && evaluate(c, world, k + 1).breakdown.total() <= budgetBytes) ++k;
+  while (k < L && predict(c, world, k + 1).breakdown.total() <= budgetBytes) ++k;
   return k;
 }
 
-int64_t seqLenMultiple(const train::Config& c) { return layoutOf(c).unit(); }
+int64_t seqLenMultiple(const config::Config& c) { return layoutOf(c).unit(); }
 
-int64_t minSeqLen(const train::Config& c) {
+int64_t minSeqLen(const config::Config& c) {
   if (c.data.type == "kv_recall") return 1 + 2 * c.data.kvPairs + 2 * c.data.kvQueries;  // data.cpp's check
   return 2;
 }
 
-int64_t maxSeqLen(const train::Config& cfg, int world, int64_t budgetBytes, int64_t cap) {
+int64_t maxSeqLen(const config::Config& cfg, int world, int64_t budgetBytes, int64_t cap) {
   const int64_t unit = seqLenMultiple(cfg);
-  train::Config c = cfg;
+  config::Config c = cfg;
   // "auto" recomputes every block at the longest length that fits; "none" never does.
   const int graphs = cfg.activationCheckpointing == "none" ? static_cast<int>(cfg.model.layers) : 0;
   auto at = [&](int64_t k) {  // k units of seq_len
     c.data.seqLen = k * unit;
-    return evaluate(c, world, graphs);
+    return predict(c, world, graphs);
   };
   const int64_t first = (minSeqLen(cfg) + unit - 1) / unit;  // the shortest valid length, in units
   const int64_t maxK = std::max(first, cap / unit);
@@ -470,7 +517,7 @@ int64_t maxSeqLen(const train::Config& cfg, int world, int64_t budgetBytes, int6
 
 int64_t parseBytes(const std::string& text) { return parseByteSize(text, "--max-seq"); }
 
-std::vector<Rung> ablationLadder(const train::Config& base) {
+std::vector<Rung> ablationLadder(const config::Config& base) {
   const int64_t lossChunk = base.model.lossChunk > 0 ? base.model.lossChunk : 256;
   std::vector<Rung> out;
   Rung r;
@@ -480,7 +527,7 @@ std::vector<Rung> ablationLadder(const train::Config& base) {
   r.cfg.model.tiledMlp = false;
   r.cfg.sequenceParallelSize = 1;
   r.cfg.sequenceParallelRingDegree = 0;  // each rung's layout is chosen from its P and the heads
-  r.cfg.zero = train::ZeroConfig{};
+  r.cfg.zero = config::ZeroConfig{};
   r.cfg.zero.subGroupSize = base.zero.subGroupSize;
   r.world = 1;
   r.name = "1 baseline";
@@ -504,7 +551,7 @@ std::vector<Rung> ablationLadder(const train::Config& base) {
     r.cfg.sequenceParallelSize = P;
     r.world = P;
     r.sets[3] = "sequence_parallel_size=" + std::to_string(P);
-    r.cfg.spLayout = layoutOf(r.cfg);  // beyond the head count: Ulysses x ring
+    r.cfg.layout = layoutOf(r.cfg);  // beyond the head count: Ulysses x ring
     out.push_back(r);
   }
   r.name = "7 + ZeRO-3 + SuperOffload";
@@ -518,10 +565,10 @@ std::vector<Rung> ablationLadder(const train::Config& base) {
   // Beyond the head count (DeepSpeed's Ulysses stops at it): twice the heads, at least SP 8.
   const int beyond = static_cast<int>(2 * std::max<int64_t>(4, base.model.heads));
   r.cfg.sequenceParallelSize = beyond;
-  r.cfg.spLayout = layoutOf(r.cfg);
+  r.cfg.layout = layoutOf(r.cfg);
   r.world = beyond;
-  r.name = "8 + SP=" + std::to_string(beyond) + " (" + std::to_string(r.cfg.spLayout.U) + "x" +
-           std::to_string(r.cfg.spLayout.R) + " ring)";
+  r.name = "8 + SP=" + std::to_string(beyond) + " (" + std::to_string(r.cfg.layout.U) + "x" +
+           std::to_string(r.cfg.layout.R) + " ring)";
   r.sets[3] = "sequence_parallel_size=" + std::to_string(beyond);
   out.push_back(r);
   return out;

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "longtrain/train/config.h"
+#include "longtrain/config/parse.h"
 
 namespace lt::plan {
 
@@ -31,32 +31,32 @@ struct MemoryBreakdown {
 
 // Per-rank prediction for `cfg` with `world` ranks (data-parallel size = world / SP), when
 // the last `graphBlocks` blocks keep their autograd graph and the others are recomputed.
-MemoryBreakdown predictPeak(const train::Config& cfg, int world, int graphBlocks = 0);
+MemoryBreakdown predictPeak(const config::Config& cfg, int world, int graphBlocks = 0);
 
 // activation_checkpointing's choice: how many of the last blocks keep their graph. "all": 0;
 // "none": every block; "auto": the most whose predicted peak is within `budgetBytes` (0 when
 // even full recompute does not fit: the run then goes ahead and may run out of memory).
-int graphBlocksFor(const train::Config& cfg, int world, int64_t budgetBytes);
+int graphBlocksFor(const config::Config& cfg, int world, int64_t budgetBytes);
 
 // The per-rank budget "auto" uses: train.memory_budget, else 90% of rankMemoryLimitBytes.
-int64_t memoryBudgetFor(const train::Config& cfg, int localRanks);
+int64_t memoryBudgetFor(const config::Config& cfg, int localRanks);
 
 // The persistent model state of one rank: fp32 parameters, gradients, Adam m and v (and
 // SuperOffload's rollback shadows). ZeRO-3 holds 1/world of each; stage 0 holds all of it.
 struct ModelState {
   int64_t parameters = 0, gradients = 0, optimizer = 0;
 };
-ModelState modelState(const train::Config& cfg, int world);
+ModelState modelState(const config::Config& cfg, int world);
 
 // seq_len needs no padding at a multiple of this (P, or 2P with zigzag; others are padded) ...
-int64_t seqLenMultiple(const train::Config& cfg);
+int64_t seqLenMultiple(const config::Config& cfg);
 // ... and at least this (kv_recall's BOS + pairs + queries; 2 otherwise).
-int64_t minSeqLen(const train::Config& cfg);
+int64_t minSeqLen(const config::Config& cfg);
 
 // The longest valid seq_len whose predicted peak is within `budgetBytes` (binary search on
 // the prediction, which is nondecreasing in seq_len); 0 when even the shortest does not fit.
 // `cap`: the longest length considered (a result equal to it means "at least").
-int64_t maxSeqLen(const train::Config& cfg, int world, int64_t budgetBytes, int64_t cap = int64_t{1} << 24);
+int64_t maxSeqLen(const config::Config& cfg, int world, int64_t budgetBytes, int64_t cap = int64_t{1} << 24);
 
 // parseByteSize (core/strings.h) for --max-seq.
 int64_t parseBytes(const std::string& s);
@@ -64,7 +64,7 @@ int64_t parseBytes(const std::string& s);
 // One rung of the ALST ablation ladder: the options it turns on, applied to a config.
 struct Rung {
   std::string name;                // "baseline", "+ tiled logits-loss", ...
-  train::Config cfg;               // the config with the rung's options
+  config::Config cfg;               // the config with the rung's options
   int world = 1;                   // ranks the rung runs on (its SP degree)
   std::vector<std::string> sets;   // the --set flags that reproduce it (with --nproc world)
   std::string skipped;             // non-empty: why the rung cannot run with this model
@@ -74,6 +74,6 @@ struct Rung {
 // SuperOffload; 8: + SP = 2 x max(4, heads), beyond the head count (Ulysses x ring).
 // SP rungs split P by the head counts (sp/layout.h), so none is skipped for its heads.
 // Chunk sizes are the config's where set, else 256 (attention) and 256 (loss).
-std::vector<Rung> ablationLadder(const train::Config& base);
+std::vector<Rung> ablationLadder(const config::Config& base);
 
 }  // namespace lt::plan

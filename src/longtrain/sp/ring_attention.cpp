@@ -260,7 +260,7 @@ at::Tensor ringAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 }
 
 model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses, std::shared_ptr<comm::Comm> ring,
-                                             const Layout& layout, int spRank, model::AttentionFn core,
+                                             const ParallelLayout& layout, int spRank, model::AttentionFn core,
                                              int64_t chunk, double* computeSeconds) {
   LT_ASSERT((layout.U == 1) == (!ulysses || ulysses->size() == 1) && (layout.R == 1) == (!ring || ring->size() == 1));
   LT_ASSERT(layout.spRankOf(ring ? ring->rank() : 0, ulysses ? ulysses->rank() : 0) == spRank);
@@ -285,7 +285,7 @@ model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses
     // The tokens a Ulysses group holds after the all-to-all: its ranks' shards in rank order.
     auto groupTokens = [&](int ringRankOfGroup) {
       std::vector<at::Tensor> parts;
-      for (int u = 0; u < U; ++u) parts.push_back(layout.tokenIndex(layout.spRankOf(ringRankOfGroup, u), n));
+      for (int u = 0; u < U; ++u) parts.push_back(tokenIndex(layout, layout.spRankOf(ringRankOfGroup, u), n));
       return at::cat(parts);
     };
     RingInputs in;

@@ -42,7 +42,7 @@ at::Tensor ringAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 // With layout.ulyssesOnly() it is ulyssesAttention(ulysses, core), unchanged.
 // `spRank` is this rank's rank in the SP group; `chunk` the ring kernel's block edge (0: 256).
 model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses, std::shared_ptr<comm::Comm> ring,
-                                             const Layout& layout, int spRank, model::AttentionFn core,
+                                             const ParallelLayout& layout, int spRank, model::AttentionFn core,
                                              int64_t chunk = 0, double* computeSeconds = nullptr);
 
 }  // namespace lt::sp

@@ -65,13 +65,6 @@ at::Tensor headsToSeq(const at::Tensor& x, comm::Comm* sp) {
   return HeadsToSeqFn::apply(x, static_cast<int64_t>(reinterpret_cast<intptr_t>(sp)));
 }
 
-void checkHeads(int64_t heads, int64_t kvHeads, int p) {
-  LT_CHECK(heads % p == 0, "model.num_heads=", heads, " is not divisible by sequence_parallel_size=", p,
-           ": Ulysses gives every SP rank num_heads/P heads; choose a sequence_parallel_size that divides ", heads);
-  LT_CHECK(kvHeads % p == 0 || p % kvHeads == 0, "model.num_kv_heads=", kvHeads, " and sequence_parallel_size=", p,
-           ": one must divide the other (KV heads are split over ranks, or replicated when fewer than P)");
-}
-
 // The position ids [B, S] of the whole sequence from every SP rank's shard [B, S/P] (rank r
 // holds tokens [r S/P, (r+1) S/P)): packed documents may cross shard boundaries.
 static at::Tensor wholeSequence(const at::Tensor& posShard, comm::Comm* sp) {
@@ -98,55 +91,24 @@ model::AttentionFn ulyssesAttention(std::shared_ptr<comm::Comm> sp, model::Atten
 }
 
 // ---------------------------------------------------------------------------- adapter
-data::Batch shardBatch(const data::Batch& whole, int rank, int size) {
-  const int64_t S = whole.input_ids.size(1);
-  LT_CHECK(S % size == 0, "sequence length ", S, " is not divisible by sequence_parallel_size=", size,
-           "; pad samples to a multiple of ", size, " (data.seq_len)");
-  const int64_t chunk = S / size;
-  auto cut = [&](const at::Tensor& t) { return t.slice(1, chunk * rank, chunk * (rank + 1)).contiguous(); };
-  data::Batch out;
-  out.input_ids = cut(whole.input_ids);
-  out.labels = cut(whole.labels);
-  out.position_ids = cut(whole.position_ids);
-  out.shift_labels = cut(whole.shift_labels.defined() ? whole.shift_labels : data::shiftLabels(whole.labels));
-  return out;
-}
-
-UlyssesLoader::UlyssesLoader(std::unique_ptr<BatchSource> src, std::shared_ptr<comm::Comm> sp)
-    : src_(std::move(src)), sp_(std::move(sp)) {}
-
-UlyssesLoader::UlyssesLoader(std::unique_ptr<BatchSource> src, std::shared_ptr<comm::Comm> sp, const Layout& layout)
+UlyssesLoader::UlyssesLoader(std::unique_ptr<BatchSource> src, std::shared_ptr<comm::Comm> sp,
+                             const ParallelLayout& layout)
     : src_(std::move(src)), sp_(std::move(sp)), layout_(layout) {
   LT_ASSERT(layout.P == sp_->size());
 }
 
-int64_t UlyssesLoader::length() const {
-  int64_t n = src_->length();
-  return n < 0 ? -1 : n * sp_->size();
-}
-
-std::optional<data::Batch> UlyssesLoader::next() {
-  if (fifo_.empty()) {
-    std::optional<data::Batch> mine = src_->next();
-    // Every rank learns whether any rank's epoch ended, so all end it together (no hang).
-    auto ended = at::full({1}, mine ? 0.0f : 1.0f);
-    sp_->allReduce(ended, comm::ReduceOp::Max).wait();
-    if (ended.item<float>() > 0) {
-      src_->reset();
-      return std::nullopt;
-    }
-    refill(&*mine);
-  }
+data::Batch UlyssesLoader::next() {
+  if (fifo_.empty()) refill(src_->next());
   return fifo_.pop();
 }
 
-void UlyssesLoader::refill(const data::Batch* mine) {
+void UlyssesLoader::refill(const data::Batch& mine) {
   const int P = sp_->size();
   // 1. Shapes of every rank's fields, so every rank validates every batch the same way.
   //    Per rank: B, len(input_ids), len(labels), len(position_ids) (-1 = missing).
   auto len = [](const at::Tensor& t) { return t.defined() ? static_cast<float>(t.size(1)) : -1.0f; };
-  auto shape = at::tensor({static_cast<float>(mine->input_ids.size(0)), len(mine->input_ids), len(mine->labels),
-                           len(mine->position_ids)});
+  auto shape = at::tensor({static_cast<float>(mine.input_ids.size(0)), len(mine.input_ids), len(mine.labels),
+                           len(mine.position_ids)});
   auto shapes = at::empty({P, 4});
   sp_->allGather(shapes, shape).wait();
   auto sh = shapes.accessor<float, 2>();
@@ -161,8 +123,6 @@ void UlyssesLoader::refill(const data::Batch* mine) {
              "their global positions)");
     LT_CHECK(sh[r][2] == S && sh[r][3] == S, "SP rank ", r, "'s batch: 'labels' (", sh[r][2], ") or 'position_ids' (",
              sh[r][3], ") length differs from 'input_ids' (", S, ")");
-    LT_CHECK(layout_ || S % P == 0, "SP rank ", r, "'s batch has sequence length ", S, ", not divisible by ",
-             "sequence_parallel_size=", P, "; pad samples to a multiple of ", P);
     maxLen = std::max(maxLen, S);
   }
   // 2. The fields themselves, padded to the longest rank's length.
@@ -173,7 +133,7 @@ void UlyssesLoader::refill(const data::Batch* mine) {
     sp_->allGather(all, padded).wait();
     return all;
   };
-  auto ids = gather(mine->input_ids), labels = gather(mine->labels), pos = gather(mine->position_ids);
+  auto ids = gather(mine.input_ids), labels = gather(mine.labels), pos = gather(mine.position_ids);
   // 3. For each rank's batch (rank 0's first): shift labels on the whole sequence, take my shard.
   for (int r = 0; r < P; ++r) {
     const int64_t S = static_cast<int64_t>(sh[r][1]);
@@ -181,7 +141,7 @@ void UlyssesLoader::refill(const data::Batch* mine) {
     whole.input_ids = ids[r].slice(1, 0, S);
     whole.labels = labels[r].slice(1, 0, S);
     whole.position_ids = pos[r].slice(1, 0, S);
-    fifo_.push(layout_ ? shardBatch(whole, sp_->rank(), *layout_) : shardBatch(whole, sp_->rank(), P));
+    fifo_.push(shardBatch(whole, sp_->rank(), layout_));
   }
 }
 

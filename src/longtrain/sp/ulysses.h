@@ -9,7 +9,6 @@
 #pragma once
 #include <functional>
 #include <memory>
-#include <optional>
 
 #include "longtrain/comm/comm.h"
 #include "longtrain/core/fifo.h"
@@ -19,22 +18,19 @@
 
 namespace lt::sp {
 
-// A finite (per epoch) source of batches: DeepSpeed's wrapped DataLoader.
+// The source of one SP rank's batches (its own data loader): never ends, as the training
+// stream is infinite (epochs are the loader's business).
 class BatchSource {
  public:
   virtual ~BatchSource() = default;
-  virtual std::optional<data::Batch> next() = 0;  // nullopt: end of epoch
-  virtual void reset() = 0;                       // start the next epoch
-  virtual int64_t length() const = 0;             // batches per epoch (-1: unbounded)
+  virtual data::Batch next() = 0;
 };
 
-// Wraps an infinite data::Loader (never ends an epoch).
+// Wraps a data::Loader.
 class LoaderSource : public BatchSource {
  public:
   explicit LoaderSource(std::unique_ptr<data::Loader> l) : loader_(std::move(l)) {}
-  std::optional<data::Batch> next() override { return loader_->next(); }
-  void reset() override {}
-  int64_t length() const override { return -1; }
+  data::Batch next() override { return loader_->next(); }
   data::Loader& loader() { return *loader_; }
 
  private:
@@ -43,31 +39,21 @@ class LoaderSource : public BatchSource {
 
 class UlyssesLoader {
  public:
-  UlyssesLoader(std::unique_ptr<BatchSource> src, std::shared_ptr<comm::Comm> sp);
-  // With a layout: shards by it (sp/layout.h: zigzag, any sequence length, padded and masked).
-  UlyssesLoader(std::unique_ptr<BatchSource> src, std::shared_ptr<comm::Comm> sp, const Layout& layout);
-  // The next shard (input_ids, labels, position_ids, shift_labels all [B, S/P]); nullopt at
-  // the end of an epoch, after which the source has been reset and the next call starts the
-  // next epoch. Every SP rank must call it the same number of times.
-  std::optional<data::Batch> next();
-  int64_t length() const;  // P x the source's length (-1: unbounded)
+  // Shards by `layout` (sp/layout.h: contiguous or zigzag, any sequence length, padded and
+  // masked); layout.P is the size of `sp`.
+  UlyssesLoader(std::unique_ptr<BatchSource> src, std::shared_ptr<comm::Comm> sp, const ParallelLayout& layout);
+  // The next shard (input_ids, labels, position_ids, shift_labels all [B, padded S / P]).
+  // Every SP rank must call it the same number of times.
+  data::Batch next();
   size_t queued() const { return fifo_.size(); }
-  BatchSource& source() { return *src_; }
 
  private:
-  void refill(const data::Batch* mine);
+  void refill(const data::Batch& mine);
   std::unique_ptr<BatchSource> src_;
   std::shared_ptr<comm::Comm> sp_;
   Fifo<data::Batch> fifo_;
-  std::optional<Layout> layout_;  // none: contiguous shards, lengths must divide by P
+  ParallelLayout layout_;
 };
-
-// Shards one whole batch for SP rank `rank` of `size`: forms shift_labels (if absent) on the
-// full sequence, then slices every field to [:, chunk*rank : chunk*(rank+1)].
-data::Batch shardBatch(const data::Batch& whole, int rank, int size);
-
-// Validates head counts for SP degree P at start-up (clear errors, DeepSpeed's rules).
-void checkHeads(int64_t heads, int64_t kvHeads, int p);
 
 // The attention function for a model under Ulysses SP over `sp` (the AttentionFn the model's
 // blocks call). `core` is the local attention over the whole sequence and a head shard.

@@ -17,6 +17,7 @@
 #include "longtrain/data/tokenizer.h"
 #include "longtrain/core/memory.h"
 #include "longtrain/model/attention.h"
+#include "longtrain/offload/grad_verdict.h"
 #include "longtrain/plan/memory_model.h"
 #include "longtrain/sp/ring_attention.h"
 #include "longtrain/train/lr_schedule.h"
@@ -27,8 +28,7 @@ namespace lt::train {
 // The document separator of data.packing "documents": data.eos_id, else the tokenizer's EOS.
 int64_t packingEos(const Config& cfg, const data::Tokenizer* tok) {
   if (cfg.data.eosId >= 0) return cfg.data.eosId;
-  LT_CHECK(tok, "data.packing=\"documents\" needs the EOS id that separates documents: ",
-           "set data.tokenizer (its EOS is taken) or data.eos_id");
+  LT_ASSERT(tok, "validate() requires data.eos_id or data.tokenizer with packing");
   LT_CHECK(tok->eosId() >= 0, "data.tokenizer '", cfg.data.tokenizer, "' has no EOS token; set data.eos_id");
   return tok->eosId();
 }
@@ -57,15 +57,9 @@ std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval) {
     o.numNoise = d.kvNoise;
     o.fused = d.kvFused;
     o.seed = eval ? cfg.seed ^ 0x5EEDE7A1ull : cfg.seed;
-    auto ds = std::make_shared<data::KvRecallDataset>(o);
-    LT_CHECK(ds->vocabNeeded() <= cfg.model.vocabSize, "model.vocab_size=", cfg.model.vocabSize,
-             " is smaller than the kv_recall task needs (", ds->vocabNeeded(), " = 2 + num_keys + num_values + ",
-             "num_noise [+ num_keys x num_values if fused_pairs]); raise model.vocab_size");
-    return ds;
+    return std::make_shared<data::KvRecallDataset>(o);  // validate() checked the vocabulary
   }
-  int width = d.type == "bytes" ? 1 : d.type == "uint16" ? 2 : 4;
-  LT_CHECK(width != 1 || cfg.model.vocabSize >= 256, "data.type=\"bytes\" needs model.vocab_size >= 256, got ",
-           cfg.model.vocabSize);
+  const int width = d.type == "bytes" ? 1 : d.type == "uint16" ? 2 : 4;
   data::TokenWindows w;
   w.packEos = d.packing == "documents" ? packingEos(cfg, tok.get()) : -1;
   if (d.evalFraction > 0) {  // the last windows are held out for evaluation
@@ -84,7 +78,7 @@ namespace {
 
 // Weight-decay groups, in Model::parameters() order: matrices decay; norms never, and the
 // token embedding (the tied LM head with it) only with optimizer.decay_embeddings.
-std::vector<double> weightDecayOf(const model::Model& m, const OptimizerConfig& o) {
+std::vector<double> weightDecayOf(const model::Model& m, const config::OptimizerConfig& o) {
   std::vector<double> out;
   for (int g : m.groupOrder())
     for (const auto& np : m.group(g)) {
@@ -96,14 +90,12 @@ std::vector<double> weightDecayOf(const model::Model& m, const OptimizerConfig& 
 
 }  // namespace
 
-Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std::move(groups)) {
-  const int P = groups_.sp->size();
-  LT_ASSERT(P == cfg_.sequenceParallelSize);
-  // Any P and seq_len: the layout splits P by the head counts and pads the sequence (sp/layout.h).
-  const sp::Layout& lay = cfg_.spLayout;
-  LT_CHECK(lay.R == 1 || (groups_.spRing && groups_.spRing->size() == lay.R), "the config resolves sequence ",
-           "parallelism to ", lay.describe(), " but the communicator groups were made without ring groups; ",
-           "pass spRingDegree=", lay.R, " to comm::makeGroups");
+Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg_(cfg), groups_(std::move(groups)) {
+  const config::ParallelLayout& lay = cfg_.layout;
+  LT_ASSERT(groups_.sp->size() == lay.P && groups_.world->size() == lay.world, "the groups and the config's layout ",
+            "disagree: config validated for another world size");
+  LT_ASSERT(lay.R == 1 || (groups_.spRing && groups_.spRing->size() == lay.R), "the config resolves SP to ",
+            lay.describe(), " but comm::makeGroups was given no ring degree ", lay.R);
   if (cfg_.bf16) cfg_.model.bf16Compute = chooseBf16();
   cfg_.model.packedDocuments = cfg_.data.packing == "documents";
   // With init_from the weights come from its safetensors (loadInitialWeights, below).
@@ -115,7 +107,15 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
   }
   train_ = makeDataset(cfg_, false);
   eval_ = cfg_.data.evalSamples > 0 ? makeDataset(cfg_, true) : nullptr;
+  buildLoader();
+  buildOptimizer(opts);
+  if (!cfg_.model.initFrom.empty()) loadInitialWeights();
+  graphBlocks_ = chooseGraphBlocks();
+  buildProgram();
+  buildExecutor();
+}
 
+void Engine::buildLoader() {
   data::LoaderOptions lo;
   lo.microBatch = cfg_.microBatch;
   lo.gradAccum = cfg_.gradAccum;
@@ -124,66 +124,70 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
   lo.spRank = groups_.sp->rank();
   lo.spSize = groups_.sp->size();
   lo.seed = cfg_.seed;
-  if (P > 1) {
-    auto src = std::make_unique<sp::LoaderSource>(std::make_unique<data::Loader>(train_, lo));
-    spLoader_ = &src->loader();
-    ulysses_ = std::make_unique<sp::UlyssesLoader>(std::move(src), groups_.sp, lay);
-  } else {
+  if (groups_.sp->size() == 1) {
     loader_ = std::make_unique<data::Loader>(train_, lo);
+    return;
   }
+  auto src = std::make_unique<sp::LoaderSource>(std::make_unique<data::Loader>(train_, lo));
+  spLoader_ = &src->loader();
+  ulysses_ = std::make_unique<sp::UlyssesLoader>(std::move(src), groups_.sp, cfg_.layout);
+}
 
-  auto params = model_->parameters();
-  const auto& o = cfg_.optimizer;
-  const std::vector<double> decay = weightDecayOf(*model_, o);
+namespace {
+
+offload::AdamParams adamParams(const config::OptimizerConfig& o) {
+  offload::AdamParams ap;
+  ap.lr = o.lr;
+  ap.beta1 = o.beta1;
+  ap.beta2 = o.beta2;
+  ap.eps = o.eps;
+  ap.weightDecay = o.weightDecay;
+  ap.adamw = o.type == "AdamW";
+  return ap;
+}
+
+// ZeRO stages 1-3. With SuperOffload the worker gets its share of this rank's cores (pinned
+// to the last of the rank's CPUs when they are known) and the trainer keeps the rest.
+zero::Zero3Options zeroOptions(const Config& cfg, std::vector<double> decay, const EngineOptions& opts) {
+  zero::Zero3Options zo;
+  zo.stage = cfg.zero.stage;
+  zo.subGroupSize = cfg.zero.subGroupSize;
+  zo.reduceBucketSize = cfg.zero.reduceBucketSize;
+  zo.allgatherBucketSize = cfg.zero.allgatherBucketSize;
+  zo.overlapComm = cfg.zero.overlapComm;
+  zo.weightDecay = std::move(decay);
+  zo.gradientClipping = cfg.gradientClipping;
+  zo.adam = adamParams(cfg.optimizer);
+  const auto& off = cfg.zero.offloadOptimizer;
+  zo.superOffload = off.superOffload;
+  zo.ratio = off.ratio;
+  zo.workerTimeout = std::chrono::milliseconds(cfg.train.commTimeoutMs());
+  const int cores = at::get_num_threads();
+  zo.workerCores = std::max(1, static_cast<int>(std::lround(off.cpuadamCoresPerc * cores)));
+  if (!zo.superOffload) return zo;
+  zo.workerCores = std::min(zo.workerCores, std::max(1, cores - 1));
+  if (cores > 1) at::set_num_threads(cores - zo.workerCores);
+  const int owned = static_cast<int>(opts.rankCpus.size());
+  for (int c = std::max(0, owned - zo.workerCores); c < owned; ++c) zo.workerCpus.push_back(opts.rankCpus[c]);
+  return zo;
+}
+
+}  // namespace
+
+void Engine::buildOptimizer(const EngineOptions& opts) {
+  const std::vector<double> decay = weightDecayOf(*model_, cfg_.optimizer);
   if (cfg_.zero.stage >= 1) {
-    zero::Zero3Options zo;
-    zo.stage = cfg_.zero.stage;
-    zo.subGroupSize = cfg_.zero.subGroupSize;
-    zo.reduceBucketSize = cfg_.zero.reduceBucketSize;
-    zo.allgatherBucketSize = cfg_.zero.allgatherBucketSize;
-    zo.overlapComm = cfg_.zero.overlapComm;
-    zo.weightDecay = decay;
-    zo.gradientClipping = cfg_.gradientClipping;
-    zo.adam.lr = o.lr;
-    zo.adam.beta1 = o.beta1;
-    zo.adam.beta2 = o.beta2;
-    zo.adam.eps = o.eps;
-    zo.adam.weightDecay = o.weightDecay;
-    zo.adam.adamw = o.type == "AdamW";
-    const auto& off = cfg_.zero.offloadOptimizer;
-    zo.superOffload = off.superOffload;
-    zo.ratio = off.ratio;
-    const int cores = at::get_num_threads();
-    zo.workerCores = std::max(1, static_cast<int>(std::lround(off.cpuadamCoresPerc * cores)));
-    zo.workerTimeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.train.commTimeoutS * 1000));
-    if (zo.superOffload) {
-      // The worker gets its share of this rank's cores; the trainer keeps the rest.
-      zo.workerCores = std::min(zo.workerCores, std::max(1, cores - 1));
-      if (cores > 1) at::set_num_threads(cores - zo.workerCores);
-      if (const char* lr = std::getenv("LOCAL_RANK")) {  // process ranks own cores [l*c, (l+1)*c)
-        const int first = std::atoi(lr) * cores;
-        for (int c = cores - zo.workerCores; c < cores; ++c)
-          if (first + c < static_cast<int>(std::thread::hardware_concurrency())) zo.workerCpus.push_back(first + c);
-      }
-    }
-    zero_ = std::make_unique<zero::Zero3>(*model_, groups_.world, groups_.dp->size(), zo);
-  } else {
-    // Stage 0: the same CPU Adam as ZeRO-3, one optimizer group (m, v, step count) per parameter.
-    offload::AdamParams ap;
-    ap.lr = o.lr;
-    ap.beta1 = o.beta1;
-    ap.beta2 = o.beta2;
-    ap.eps = o.eps;
-    ap.weightDecay = o.weightDecay;
-    ap.adamw = o.type == "AdamW";
-    adam_ = std::make_unique<offload::CpuAdam>(ap, at::get_num_threads());
-    for (size_t i = 0; i < params.size(); ++i) adam_->addGroup(params[i].numel(), {{0, params[i].numel(), decay[i]}});
+    zero_ = std::make_unique<zero::Zero3>(*model_, groups_.world, groups_.dp->size(), zeroOptions(cfg_, decay, opts));
+    return;
   }
+  // Stage 0: the same CPU Adam as ZeRO, one optimizer group (m, v, step count) per parameter.
+  adam_ = std::make_unique<offload::CpuAdam>(adamParams(cfg_.optimizer), at::get_num_threads());
+  auto params = model_->parameters();
+  for (size_t i = 0; i < params.size(); ++i) adam_->addGroup(params[i].numel(), {{0, params[i].numel(), decay[i]}});
+}
 
-  if (!cfg_.model.initFrom.empty()) loadInitialWeights();
-
-  // The step program: the base, rewritten by passes; a schedule swaps the pass list.
-  graphBlocks_ = chooseGraphBlocks();
+// The step program: the base, rewritten by passes; a schedule swaps the pass list.
+void Engine::buildProgram() {
   base_ = compile::baseProgram(model_->numBlocks(), graphBlocks_);
   passCtx_.numBlocks = model_->numBlocks();
   passCtx_.tiedEmbeddings = cfg_.model.tieEmbeddings;
@@ -192,40 +196,36 @@ Engine::Engine(const Config& cfg, comm::Groups groups) : cfg_(cfg), groups_(std:
   passCtx_.persistenceThresholdBytes = cfg_.zero.paramPersistenceThreshold * 4;
   passCtx_.memoryBudgetBytes = passCtx_.maxLiveBytes;
   const bool z3 = cfg_.zero.stage == 3;
-  std::vector<std::string> fixed = z3 ? std::vector<std::string>{"zero3", "free_activations"}
-                                      : std::vector<std::string>{"free_activations"};
-  if (cfg_.compile.deepcompile) {
-    const std::vector<compile::ScheduleEntry> entries =
-        cfg_.compile.hasSchedule ? cfg_.compile.schedule
-        : z3                     ? compile::defaultZero3Schedule()
-                                 : std::vector<compile::ScheduleEntry>{{0, {"free_activations"}}};
-    for (const auto& e : entries) {
-      bool has = std::find(e.passes.begin(), e.passes.end(), "zero3") != e.passes.end();
-      LT_CHECK(has == z3, "compile.schedule: step ", e.step, ": ",
-               z3 ? "zero_optimization.stage=3 needs the 'zero3' pass in every entry"
-                  : "the 'zero3' pass needs zero_optimization.stage=3");
-    }
-    schedule_ = compile::Schedule(entries);
-  }
-  program_ = compile::applyPasses(base_, fixed, passCtx_);
-  activePasses_ = fixed;
+  const std::vector<std::string> fixedPasses =
+      z3 ? std::vector<std::string>{"zero3", "free_activations"} : std::vector<std::string>{"free_activations"};
+  if (cfg_.compile.deepcompile)
+    schedule_ = compile::Schedule(cfg_.compile.schedule ? *cfg_.compile.schedule
+                                  : z3 ? compile::defaultZero3Schedule()
+                                       : std::vector<compile::ScheduleEntry>{{0, {"free_activations"}}});
+  program_ = compile::applyPasses(base_, fixedPasses, passCtx_);
+  activePasses_ = fixedPasses;
+}
+
+// The executor with the hooks that connect the program's collectives to ZeRO or DP, and the
+// attention core (through the SP all-to-alls and ring when P > 1).
+void Engine::buildExecutor() {
   compile::Hooks hooks;
-  if (z3) {
+  if (cfg_.zero.stage == 3) {
     hooks.gather = [this](int g) { zero_->gather(g); };
     hooks.prefetch = [this](int g) { zero_->prefetch(g); };
     hooks.gatheredBytes = [this] { return zero_->ledger().gatheredBytes; };
     hooks.release = [this](int g) { zero_->release(g); };
-    hooks.reduceGrads = [this](int g, bool boundary) { zero_->reduceGrads(g, boundary); };
-  } else if (zero_) {  // stages 1 and 2: gradients into partitions, parameters stay whole
-    hooks.reduceGrads = [this](int g, bool boundary) { zero_->reduceGrads(g, boundary); };
-  } else if (groups_.world->size() > 1) {
-    hooks.reduceGrads = [this](int g, bool boundary) { reduceGrads(g, boundary); };
   }
+  if (zero_)  // stages 1-3: gradients into partitions
+    hooks.reduceGrads = [this](int g, bool boundary) { zero_->reduceGrads(g, boundary); };
+  else if (groups_.world->size() > 1)
+    hooks.reduceGrads = [this](int g, bool boundary) { reduceGrads(g, boundary); };
   hooks.optimizerStep = [this] { optimizerStep(); };
   model::AttentionFn core = model::attentionCore(cfg_.model);
-  model::AttentionFn attn = P > 1 ? sp::sequenceParallelAttention(groups_.spUlysses, groups_.spRing, cfg_.spLayout,
-                                                                   groups_.sp->rank(), core, cfg_.model.attentionChunk)
-                                   : core;
+  model::AttentionFn attn = groups_.sp->size() > 1
+                                ? sp::sequenceParallelAttention(groups_.spUlysses, groups_.spRing, cfg_.layout,
+                                                                groups_.sp->rank(), core, cfg_.model.attentionChunk)
+                                : core;
   exec_ = std::make_unique<compile::Executor>(*model_, attn, std::move(hooks));
 }
 
@@ -257,17 +257,11 @@ int Engine::chooseGraphBlocks() {
 }
 
 data::Batch Engine::nextMicroBatch() {
-  if (ulysses_) {
-    auto b = ulysses_->next();
-    LT_ASSERT(b.has_value(), "the training stream is infinite");
-    return std::move(*b);
-  }
+  if (ulysses_) return ulysses_->next();
   data::Batch b = loader_->next();
   b.shift_labels = data::shiftLabels(b.labels);
   return b;
 }
-
-double Engine::currentLr() const { return lrAt(cfg_.scheduler, cfg_.optimizer.lr, step_ - 1); }
 
 void Engine::recompile(const std::vector<std::string>& passes, int64_t step) {
   // Every rank must take the same decisions: the profile is the max over ranks.
@@ -311,12 +305,13 @@ void Engine::loadInitialWeights() {
   std::vector<ckpt::ExpectedTensor> expected;
   for (const auto& m : parameterMeta()) expected.push_back({m.name, m.shape});
   w.check(expected, cfg_.model.tieEmbeddings);
-  for (const auto& s : stateShards()) w.read(expected[s.param].name, s.offset, s.master);
+  for (const auto& s : stateShards())
+    w.read(expected[s.param].name, s.offset, at::from_blob(s.master, {s.length}, at::kFloat));
 }
 
 // ---------------------------------------------------------------------------- checkpoint state
-std::vector<Engine::ParamMeta> Engine::parameterMeta() const {
-  std::vector<ParamMeta> out;
+std::vector<ckpt::ParamMeta> Engine::parameterMeta() const {
+  std::vector<ckpt::ParamMeta> out;
   for (int g : model_->groupOrder())
     for (const auto& np : model_->group(g)) {
       // Under ZeRO-3 the model's tensors are empty between gathers; Zero3 keeps the shapes.
@@ -326,15 +321,13 @@ std::vector<Engine::ParamMeta> Engine::parameterMeta() const {
   return out;
 }
 
-std::vector<zero::StateShard> Engine::stateShards() {
+std::vector<StateShard> Engine::stateShards() {
   if (zero_) return zero_->stateShards();
   auto params = model_->parameters();
-  std::vector<zero::StateShard> out;
+  std::vector<StateShard> out;
   for (size_t i = 0; i < params.size(); ++i) {
     const int g = static_cast<int>(i);
-    const int64_t n = params[i].numel();
-    out.push_back({g, 0, n, params[i].detach().view({-1}), at::from_blob(adam_->expAvg(g), {n}, at::kFloat),
-                   at::from_blob(adam_->expAvgSq(g), {n}, at::kFloat)});
+    out.push_back({g, 0, params[i].numel(), params[i].data_ptr<float>(), adam_->expAvg(g), adam_->expAvgSq(g)});
   }
   return out;
 }
@@ -343,13 +336,13 @@ int64_t Engine::adamStepCount() const { return zero_ ? zero_->adamStepCount() : 
 
 int64_t Engine::loaderCursor() const { return spLoader_ ? spLoader_->cursor() : loader_->cursor(); }
 
-void Engine::beginRestore(int64_t globalStep, int64_t adamStep, int64_t skippedSteps) {
+void Engine::resetToStep(int64_t step, int64_t adamStep, int64_t skippedSteps) {
   LT_ASSERT(step_ == 0 && (!ulysses_ || ulysses_->queued() == 0), "restore into a fresh engine only");
-  step_ = globalStep;
-  // The DP group's stream has served globalStep x accumulation micro-batches. Under SP each
+  step_ = step;
+  // The DP group's stream has served step x accumulation micro-batches. Under SP each
   // Ulysses gather takes one from each SP rank's loader and serves P shards: seek past the
   // whole gathers, then replay the partial one (collective, like training).
-  const int64_t served = globalStep * cfg_.gradAccum;
+  const int64_t served = step * cfg_.gradAccum;
   if (ulysses_) {
     const int64_t P = groups_.sp->size();
     spLoader_->seek(served / P);
@@ -388,6 +381,10 @@ void Engine::optimizerStep() {
     lastGradNorm_ = lastZero_.gradNorm;
     return;
   }
+  stepStageZero();
+}
+
+void Engine::stepStageZero() {
   const double invDp = 1.0 / groups_.dp->size();
   while (!pending_.empty()) {
     PendingReduce r = pending_.pop();
@@ -404,15 +401,14 @@ void Engine::optimizerStep() {
   auto params = model_->parameters();
   double sq = 0;
   for (const auto& p : params) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
-  lastGradNorm_ = std::sqrt(sq);
-  lastSkipped_ = !std::isfinite(lastGradNorm_);  // as ZeRO-3: a non-finite gradient skips the step
-  if (lastSkipped_) {
+  const offload::GradVerdict v = offload::judgeGradients(sq, cfg_.gradientClipping);
+  lastGradNorm_ = v.norm;
+  lastSkipped_ = v.skip;
+  if (v.skip) {
     ++skippedSteps_;
   } else {
-    if (cfg_.gradientClipping > 0 && lastGradNorm_ > cfg_.gradientClipping) {
-      double coef = cfg_.gradientClipping / (lastGradNorm_ + 1e-6);  // PyTorch's clip_grad_norm_
-      for (const auto& p : params) p.grad().mul_(coef);
-    }
+    if (v.clip)
+      for (const auto& p : params) p.grad().mul_(v.clipCoef);
     adam_->setLr(lastLr_);
     for (size_t i = 0; i < params.size(); ++i)
       adam_->step(static_cast<int>(i), params[i].data_ptr<float>(), params[i].grad().data_ptr<float>());
@@ -425,7 +421,7 @@ StepMetrics Engine::step() {
   if (zero_) zero_->syncParameters();  // after a restore at stages 1 and 2
   if (auto e = schedule_.take(step_)) recompile(e->passes, step_);
   ++step_;
-  lastLr_ = currentLr();
+  lastLr_ = lrAt(cfg_.scheduler, cfg_.optimizer.lr, step_ - 1);
   if (zero_) zero_->setLr(lastLr_);  // before backward: SuperOffload steps during it
   double lossSum = 0;  // sum over micro-batches of (local loss sum / SP-group denominator)
   double exposedGather = 0;
@@ -487,7 +483,7 @@ EvalMetrics Engine::evaluate() {
     if (chunk.empty()) return;
     data::Batch b = data::collate(chunk);
     b.shift_labels = data::shiftLabels(b.labels);
-    if (groups_.sp->size() > 1) b = sp::shardBatch(b, groups_.sp->rank(), cfg_.spLayout);
+    if (groups_.sp->size() > 1) b = sp::shardBatch(b, groups_.sp->rank(), cfg_.layout);
     auto st = exec_->evaluate(program_, b);
     lossSum += st.lossSum;
     tokens += static_cast<double>(st.tokens);

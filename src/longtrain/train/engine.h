@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 
+#include "longtrain/ckpt/train_state.h"
 #include "longtrain/comm/comm.h"
 #include "longtrain/compile/executor.h"
 #include "longtrain/compile/passes.h"
@@ -19,10 +20,12 @@
 #include "longtrain/model/model.h"
 #include "longtrain/offload/cpu_adam.h"
 #include "longtrain/sp/ulysses.h"
-#include "longtrain/train/config.h"
+#include "longtrain/config/config.h"
 #include "longtrain/zero/zero3.h"
 
 namespace lt::train {
+
+using config::Config;
 
 struct StepMetrics {
   int64_t step = 0;        // 1-based index of the optimizer step just taken
@@ -43,10 +46,17 @@ struct EvalMetrics {
   int64_t tokens = 0;
 };
 
-class Engine {
+// What the engine takes from the process it runs in (the CLI fills it; tests leave it empty).
+struct EngineOptions {
+  // The CPUs this rank owns (process ranks: cores [l x c, (l + 1) x c) of local rank l); the
+  // SuperOffload worker is pinned to the last of them. Empty: no pinning.
+  std::vector<int> rankCpus;
+};
+
+class Engine : public ckpt::TrainState {
  public:
-  Engine(const Config& cfg, comm::Groups groups);
-  ~Engine();
+  Engine(const Config& cfg, comm::Groups groups, EngineOptions opts = {});
+  ~Engine() override;
 
   StepMetrics step();
   EvalMetrics evaluate();
@@ -59,49 +69,43 @@ class Engine {
   std::function<void(int64_t step, const std::vector<std::string>& passes, const compile::Program&)> onRecompile;
   const std::vector<std::string>& activePasses() const { return activePasses_; }
   const compile::Program& program() const { return program_; }
-  int64_t globalStep() const { return step_; }
   // This rank's GEMM rate for the dtype the model computes in, if construction measured it
   // (bf16.enabled); 0 otherwise.
   double measuredGemmPeakFlops() const { return gemmPeakFlops_; }
-  const Config& config() const { return cfg_; }
   const comm::Groups& groups() const { return groups_; }
   const data::Dataset& dataset() const { return *train_; }
   const data::Dataset* evalDataset() const { return eval_.get(); }  // null without eval samples
-
-  // ---- Checkpoint state (ckpt/ writes and reads it; see ckpt/checkpoint.h).
-  struct ParamMeta {
-    std::string name;  // Hugging Face Llama name
-    std::vector<int64_t> shape;
-  };
-  std::vector<ParamMeta> parameterMeta() const;  // Model::parameters() order
-  // true under ZeRO stages 1-3 (each rank holds a chunk of every master and Adam state);
-  // false: every rank holds everything, identical across ranks.
-  bool statePartitioned() const { return zero_ != nullptr; }
-  // This rank's pieces of parameter, master and Adam state, as views of the live buffers.
-  std::vector<zero::StateShard> stateShards();
-  int64_t adamStepCount() const;
-  // Steps skipped for a non-finite gradient (every stage), cumulative.
-  int64_t skippedSteps() const { return zero_ ? zero_->skippedSteps() : skippedSteps_; }
   // activation_checkpointing's choice: the last graphBlocks() blocks keep their autograd graph.
   int graphBlocks() const { return graphBlocks_; }
   int64_t memoryBudget() const { return memoryBudget_; }  // per rank, what "auto" chose against
-  int64_t loaderCursor() const;  // micro-batches this rank has taken from its own loader
-  // Prepares a fresh engine to continue after `globalStep` optimizer steps: the step counter
-  // (so the LR schedule and the pass schedule), the data position (derived from the step, so
-  // it holds for any world size and SP degree with the same train_batch_size), Adam step
-  // counts; the state is zeroed and the caller fills stateShards(). Collective under SP.
-  void beginRestore(int64_t globalStep, int64_t adamStep, int64_t skippedSteps);
+
+  // ckpt::TrainState (checkpoints save and restore through it).
+  const Config& config() const override { return cfg_; }
+  comm::Comm& world() override { return *groups_.world; }
+  int64_t globalStep() const override { return step_; }
+  std::vector<ckpt::ParamMeta> parameterMeta() const override;
+  bool statePartitioned() const override { return zero_ != nullptr; }
+  std::vector<StateShard> stateShards() override;
+  int64_t adamStepCount() const override;
+  int64_t skippedSteps() const override { return zero_ ? zero_->skippedSteps() : skippedSteps_; }
+  int64_t loaderCursor() const override;
+  void resetToStep(int64_t step, int64_t adamStep, int64_t skippedSteps) override;
 
  private:
+  // Construction, in order.
+  void buildLoader();
+  void buildOptimizer(const EngineOptions& opts);
+  void buildProgram();
+  void buildExecutor();
+  bool chooseBf16();  // bf16.enabled: whether the bf16 GEMM is faster on every rank (collective)
+  int chooseGraphBlocks();  // collective: every rank takes the smallest choice
+  void loadInitialWeights();  // model.init_from's safetensors into this rank's state
+
   data::Batch nextMicroBatch();  // with shift_labels; this rank's shard under SP
   void reduceGrads(int group, bool boundary);
   void recompile(const std::vector<std::string>& passes, int64_t step);
   void optimizerStep();
-  double currentLr() const;
-  int chooseGraphBlocks();
-  void loadInitialWeights();  // model.init_from's safetensors into this rank's state
-  bool chooseBf16();  // bf16.enabled: whether the bf16 GEMM is faster on every rank
-  double gemmPeakFlops_ = 0;  // this rank's rate of the GEMM dtype in use, when chooseBf16 measured it  // collective: every rank takes the smallest choice
+  void stepStageZero();  // reduced gradients in, clip or skip, CPU Adam
 
   Config cfg_;
   comm::Groups groups_;
@@ -113,6 +117,7 @@ class Engine {
   std::unique_ptr<offload::CpuAdam> adam_;  // stage 0: one group per parameter
   std::unique_ptr<zero::Zero3> zero_;       // ZeRO stages 1-3 (replaces adam_)
   zero::ZeroStepResult lastZero_;
+  double gemmPeakFlops_ = 0;  // this rank's rate of the GEMM dtype in use, when chooseBf16 measured it
   compile::Program base_, program_;
   compile::Schedule schedule_;
   compile::PassContext passCtx_;

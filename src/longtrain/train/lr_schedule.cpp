@@ -7,13 +7,13 @@
 namespace lt::train {
 
 namespace {
-double warmupGamma(const SchedulerConfig& s, int64_t it, int64_t warm) {
+double warmupGamma(const config::SchedulerConfig& s, int64_t it, int64_t warm) {
   if (s.warmupType == "linear") return static_cast<double>(it) / static_cast<double>(warm);
   return std::log(static_cast<double>(it + 1)) / std::log(static_cast<double>(warm));
 }
 }  // namespace
 
-double lrAt(const SchedulerConfig& s, double baseLr, int64_t it) {
+double lrAt(const config::SchedulerConfig& s, double baseLr, int64_t it) {
   if (s.type.empty()) return baseLr;
   const int64_t warm = std::max<int64_t>(2, s.warmupNumSteps);
   if (s.type == "WarmupLR") {

@@ -4,11 +4,11 @@
 #pragma once
 #include <cstdint>
 
-#include "longtrain/train/config.h"
+#include "longtrain/config/config.h"
 
 namespace lt::train {
 
 // The learning rate DeepSpeed's scheduler gives at `iteration` (last_batch_iteration).
-double lrAt(const SchedulerConfig& s, double baseLr, int64_t iteration);
+double lrAt(const config::SchedulerConfig& s, double baseLr, int64_t iteration);
 
 }  // namespace lt::train

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 
 #include "longtrain/ckpt/checkpoint.h"
 #include "longtrain/core/check.h"
@@ -124,6 +125,14 @@ std::string saveCheckpoint(Engine& engine, ckpt::AsyncSaver& saver, const TrainO
   return error;
 }
 
+void printRecompile(int64_t step, const std::vector<std::string>& passes, const compile::Program& p, bool listing) {
+  std::string list;
+  for (const auto& n : passes) list += (list.empty() ? "" : ", ") + n;
+  std::printf("compile: step %lld: passes [%s] -> %zu instructions\n", (long long)step, list.c_str(), p.code.size());
+  if (listing) std::printf("%s", p.listing().c_str());
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 // Every rank's trace events to rank 0, which writes one file (a Perfetto process per rank).
@@ -152,98 +161,221 @@ void writeTrace(const comm::Groups& groups, const std::string& path) {
   LT_CHECK(f.good(), "--trace: writing '", path, "' failed");
 }
 
+namespace {
+
+// The checkpoint to resume from: --resume, or after a restart the newest of this launch. A
+// fresh run refuses a directory holding another run's checkpoints (pruning and restarts go by
+// step number, so runs must not mix).
+std::string resumeSource(const config::CheckpointConfig& ck, const TrainOptions& opts) {
+  std::string from = opts.resume;
+  if (opts.restarted && !ck.dir.empty())
+    if (std::string latest = ckpt::findLatest(ck.dir, opts.runId); !latest.empty()) from = latest;
+  if (from.empty() && !opts.restarted && ck.everySteps > 0) {
+    const std::string old = ckpt::findLatest(ck.dir);
+    LT_CHECK(old.empty(), "train.checkpoint.dir='", ck.dir, "' already holds checkpoints (newest: ", old,
+             "); continue that run with --resume, or set another train.checkpoint.dir");
+  }
+  return from;
+}
+
+void resume(Engine& engine, const std::string& from, bool lead) {
+  auto t0 = std::chrono::steady_clock::now();
+  ckpt::Checkpoint c(ckpt::resolve(from));
+  setPhase("loading the checkpoint %s", c.dir().c_str());
+  ckpt::load(engine, c);
+  const double loadS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto& m = c.manifest();
+  if (!lead) return;
+  int64_t bytes = 0;
+  for (const auto& f : m.files) bytes += f.bytes;
+  std::printf("resume: from %s at step %lld (saved at world %d, sp %d, zero stage %d; %.1f MiB verified and "
+              "loaded in %.3f s)\n",
+              c.dir().c_str(), (long long)m.step, m.worldSize, m.spSize, m.zeroStage, bytes / 1048576.0, loadS);
+  const std::string& source = engine.config().source;
+  if (m.configHash == ckpt::configHash(source)) return;
+  std::string keys;
+  for (const auto& op : nlohmann::json::diff(m.config, nlohmann::json::parse(source)))
+    keys += fmt::format(" {}", op["path"].get<std::string>());
+  std::printf("resume: the config differs from the checkpoint's at:%s\n", keys.c_str());
+}
+
+// MFU's denominator: every rank's measured GEMM peak at the threads it trains with, summed.
+// (bf16 GEMMs: against the bf16 peak, which the engine measured when it chose bf16.)
+double jobGemmPeak(Engine& engine) {
+  const double mine = engine.measuredGemmPeakFlops() > 0 ? engine.measuredGemmPeakFlops()
+                                                          : measureGemmPeakFlops(engine.config().model.bf16Compute);
+  auto t = at::tensor({mine}, at::kDouble);
+  engine.groups().world->allReduce(t).wait();
+  return t.item<double>();
+}
+
+void printBanner(const Engine& engine, double gemmPeak, double flopsPerToken, bool printProgram) {
+  const Config& cfg = engine.config();
+  const comm::Groups& g = engine.groups();
+  const BlasKernelReport blas = blasKernelReport();
+  std::printf("longtrain: blas core=%s (%s), %d threads/rank, %s GEMM peak %.1f GFLOP/s over all ranks "
+              "(measured), allocator %s, %.3g model GFLOP/token\n",
+              blas.core.empty() ? "unknown" : blas.core.c_str(), blas.describe().c_str(), at::get_num_threads(),
+              cfg.model.bf16Compute ? "bf16" : "fp32", gemmPeak / 1e9, allocatorName().c_str(), flopsPerToken / 1e9);
+  std::printf("longtrain: %d rank(s) (sp=%d: %s, dp=%d), model %.2fM params (%lld layers, hidden %lld), data %s\n",
+              g.world->size(), g.sp->size(), cfg.layout.describe().c_str(), g.dp->size(), cfg.model.numParams() / 1e6,
+              (long long)cfg.model.layers, (long long)cfg.model.hidden, engine.dataset().describe().c_str());
+  std::printf("longtrain: global batch %lld = micro %lld x accum %lld x dp %d, seq_len %lld, %lld steps\n",
+              (long long)cfg.trainBatchSize, (long long)cfg.microBatch, (long long)cfg.gradAccum, g.dp->size(),
+              (long long)cfg.data.seqLen, (long long)cfg.train.steps);
+  const int L = static_cast<int>(cfg.model.layers), k = engine.graphBlocks();
+  std::printf("longtrain: activation_checkpointing \"%s\": %d of %d blocks keep their graph, %d recomputed "
+              "(budget %.0f MiB/rank, predicted peak %.0f MiB)\n",
+              cfg.activationCheckpointing.c_str(), k, L, L - k, engine.memoryBudget() / 1048576.0,
+              plan::predictPeak(cfg, g.world->size(), k).total() / 1048576.0);
+  if (cfg.data.evalFraction > 0 && engine.evalDataset())
+    std::printf("longtrain: eval on the held-out %.1f%% of windows; unigram baseline loss %.4f (the training "
+                "windows' token frequencies)\n",
+                100 * cfg.data.evalFraction,
+                data::unigramBaselineLoss(engine.dataset(), *engine.evalDataset(), cfg.model.vocabSize));
+  if (printProgram) std::printf("step program:\n%s", engine.program().listing().c_str());
+  std::fflush(stdout);
+}
+
+// Rank 0's --metrics file: one JSON object per optimizer step (the README's Metrics table).
+class MetricsWriter {
+ public:
+  // A resumed run appends: the file keeps the steps before the checkpoint.
+  MetricsWriter(const std::string& path, bool append, double flopsPerToken, double gemmPeak)
+      : flopsPerToken_(flopsPerToken), gemmPeak_(gemmPeak) {
+    if (path.empty()) return;
+    out_.open(path, append ? std::ios::app : std::ios::trunc);
+    LT_CHECK(out_.good(), "--metrics: cannot open '", path, "' for writing");
+  }
+  double mfu(double tokensPerS) const { return gemmPeak_ > 0 ? tokensPerS * flopsPerToken_ / gemmPeak_ : 0.0; }
+  void write(Engine& engine, const StepMetrics& m, const EvalMetrics* e, double ckptS, const std::string& ckptError) {
+    if (!out_.is_open()) return;
+    const double tps = m.tokens / m.stepTimeS;
+    nlohmann::json j{{"step", m.step}, {"loss", m.loss}, {"lr", m.lr}, {"grad_norm", m.gradNorm},
+                     {"train_accuracy", m.accuracy}, {"tokens", m.tokens}, {"step_time_s", m.stepTimeS},
+                     {"tokens_per_s", tps}, {"peak_rss_bytes", m.peakRssBytes},
+                     {"exposed_gather_s", m.exposedGatherS}, {"activation_peak_bytes", m.activationPeakBytes},
+                     {"mfu", mfu(tps)}, {"model_flops_per_token", flopsPerToken_}, {"gemm_peak_flops", gemmPeak_},
+                     {"skipped_steps", engine.skippedSteps()},
+                     {"rss_bytes", currentRssBytes()},  // rank 0's, now (leak watch: with open_fds)
+                     {"open_fds", openFileDescriptors()}};
+    if (const zero::Zero3* z = engine.zero()) addZero(j, *z, m);
+    if (ckptS >= 0) j["checkpoint_s"] = ckptS;
+    if (!ckptError.empty()) j["checkpoint_error"] = ckptError;
+    if (e) {
+      j["eval_loss"] = e->loss;
+      j["eval_accuracy"] = e->accuracy;
+    }
+    out_ << j.dump() << "\n";
+    out_.flush();
+  }
+
+ private:
+  static void addZero(nlohmann::json& j, const zero::Zero3& z, const StepMetrics& m) {
+    const auto& l = z.ledger();
+    j["zero_param_bytes"] = l.paramBytes;
+    if (z.stage() < 3) j["zero_replica_bytes"] = l.replicaBytes;
+    j["zero_grad_bytes"] = l.gradBytes;
+    j["zero_optim_bytes"] = l.optimBytes;
+    j["zero_rollback_bytes"] = l.rollbackBytes;
+    j["zero_gathered_peak_bytes"] = l.gatheredPeakBytes;
+    j["zero_unpartitioned_bytes"] = l.unpartitionedBytes;
+    j["speculated_subgroups"] = m.zero.speculated;
+    j["rolled_back_subgroups"] = m.zero.rolledBack;
+    j["optimizer_wait_s"] = m.zero.waitSeconds;
+    j["optimizer_adam_s"] = m.zero.adamSeconds;
+    j["worker_adam_s"] = m.zero.workerAdamSeconds;
+  }
+  std::ofstream out_;
+  double flopsPerToken_, gemmPeak_;
+};
+
+// Throughput leaves out the first step (allocation, thread pools), unless it is the only one.
+struct Throughput {
+  double elapsed = 0, tokens = 0;
+  void add(const StepMetrics& m, bool counted) {
+    if (!counted) return;
+    elapsed += m.stepTimeS;
+    tokens += static_cast<double>(m.tokens);
+  }
+  double tokensPerS(const StepMetrics& m) const { return elapsed > 0 ? tokens / elapsed : m.tokens / m.stepTimeS; }
+};
+
+// A save at the end of step m when the cadence or a stop asks for one; -1 seconds when none.
+struct SaveOutcome {
+  double seconds = -1;
+  std::string error;
+};
+SaveOutcome maybeSave(Engine& engine, ckpt::AsyncSaver& saver, const TrainOptions& opts, int64_t step, bool stop,
+                      bool lead) {
+  const Config& cfg = engine.config();
+  const auto& ck = cfg.train.checkpoint;
+  const bool cadence = ck.everySteps > 0 && (step % ck.everySteps == 0 || step == cfg.train.steps);
+  SaveOutcome out;
+  if (!cadence && !(stop && !ck.dir.empty())) return out;
+  auto t0 = std::chrono::steady_clock::now();
+  std::string dir;
+  setPhase("saving the checkpoint of step %lld", (long long)step);
+  out.error = saveCheckpoint(engine, saver, opts, dir);
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (lead && out.error.empty())
+    std::printf("checkpoint: step %lld -> %s (%s %.2f s)\n", (long long)step, dir.c_str(),
+                ck.async ? "copied in, writing in the background;" : "written in", out.seconds);
+  if (lead && !out.error.empty())
+    std::printf("checkpoint: step %lld FAILED: %s (train.checkpoint.on_error \"warn\": training goes on, the "
+                "next save tries again)\n", (long long)step, out.error.c_str());
+  return out;
+}
+
+void printProgress(const Config& cfg, const StepMetrics& m, double tps, double mfu, double etaS, const EvalMetrics* e) {
+  if (m.step % cfg.stepsPerPrint == 0 || m.step == 1 || m.step == cfg.train.steps)
+    std::printf("step %lld/%lld | loss %.4f | acc %.3f | lr %.3g | grad_norm %.3f | %.0f tok/s | MFU %.1f%% | "
+                "ETA %s\n",
+                (long long)m.step, (long long)cfg.train.steps, m.loss, m.accuracy, m.lr, m.gradNorm, tps, 100 * mfu,
+                humanTime(etaS).c_str());
+  if (e)
+    std::printf("eval  %lld/%lld | loss %.4f | accuracy %.3f over %lld tokens\n", (long long)m.step,
+                (long long)cfg.train.steps, e->loss, e->accuracy, (long long)e->tokens);
+  std::fflush(stdout);
+}
+
+// The last async save is complete before the run reports done (or every rank says why not).
+void finishAsyncSaves(ckpt::AsyncSaver& saver, const Config& cfg, comm::Comm& world, TrainSummary& sum, bool lead) {
+  if (!cfg.train.checkpoint.async) return;
+  auto t0 = std::chrono::steady_clock::now();
+  if (const std::string e = agreedAsyncOutcome(saver, world); !e.empty()) {
+    LT_CHECK(cfg.train.checkpoint.onError == "warn", e);
+    ++sum.failedSaves;
+    if (lead) std::printf("checkpoint: the last save FAILED: %s\n", e.c_str());
+  }
+  sum.checkpointSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void printStop(int signal, int64_t step, const std::string& ckptDir) {
+  std::printf("stop: %s after step %lld; %s\n", strsignal(signal), (long long)step,
+              ckptDir.empty() ? "no checkpoint (train.checkpoint.dir is not set)"
+                              : ("checkpoint saved under " + ckptDir + "; continue with --resume").c_str());
+}
+
+}  // namespace
+
 TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOptions& opts) {
   const bool lead = groups.world->rank() == 0;
   if (!opts.tracePath.empty()) trace::enable(groups.world->rank());
   const auto& ck = cfg.train.checkpoint;
   if (!ck.dir.empty()) ckpt::checkWritable(ck.dir);  // a read-only dir is found now, not at the first save
   setPhase("building the model, data and optimizer (seq_len %lld)", (long long)cfg.data.seqLen);
-  Engine engine(cfg, groups);
-  std::string from = opts.resume;
-  if (opts.restarted && !ck.dir.empty())
-    if (std::string latest = ckpt::findLatest(ck.dir, opts.runId); !latest.empty()) from = latest;
-  if (from.empty() && !opts.restarted && ck.everySteps > 0) {
-    // A fresh run must not mix its checkpoints with another run's (pruning and restarts
-    // go by step number).
-    std::string old = ckpt::findLatest(ck.dir);
-    LT_CHECK(old.empty(), "train.checkpoint.dir='", ck.dir, "' already holds checkpoints (newest: ", old,
-             "); continue that run with --resume, or set another train.checkpoint.dir");
-  }
-  if (!from.empty()) {
-    auto t0 = std::chrono::steady_clock::now();
-    ckpt::Checkpoint c(ckpt::resolve(from));
-    setPhase("loading the checkpoint %s", c.dir().c_str());
-    ckpt::load(engine, c);
-    const double loadS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const auto& m = c.manifest();
-    if (lead) {
-      int64_t bytes = 0;
-      for (const auto& f : m.files) bytes += f.bytes;
-      std::printf("resume: from %s at step %lld (saved at world %d, sp %d, zero stage %d; %.1f MiB verified and "
-                  "loaded in %.3f s)\n",
-                  c.dir().c_str(), (long long)m.step, m.worldSize, m.spSize, m.zeroStage, bytes / 1048576.0, loadS);
-      if (m.configHash != ckpt::configHash(cfg.source)) {
-        std::string keys;
-        for (const auto& op : nlohmann::json::diff(m.config, nlohmann::json::parse(cfg.source)))
-          keys += fmt::format(" {}", op["path"].get<std::string>());
-        std::printf("resume: the config differs from the checkpoint's at:%s\n", keys.c_str());
-      }
-    }
-  }
-  // MFU's denominator: every rank's measured GEMM peak at the threads it trains with.
-  // (bf16 GEMMs: against the bf16 peak, the rate those GEMMs could reach; the engine measured
-  // it already when it chose bf16.)
-  const double mine = engine.measuredGemmPeakFlops() > 0 ? engine.measuredGemmPeakFlops()
-                                                          : measureGemmPeakFlops(engine.config().model.bf16Compute);
-  auto peakT = at::tensor({mine}, at::kDouble);
-  groups.world->allReduce(peakT).wait();
-  const double gemmPeak = peakT.item<double>();
-  const double flopsPerToken = modelFlopsPerToken(cfg.model, cfg.data.seqLen);
-  auto mfuOf = [&](double tokensPerS) { return gemmPeak > 0 ? tokensPerS * flopsPerToken / gemmPeak : 0.0; };
-  if (lead) {
-    const BlasKernelReport blas = blasKernelReport();  // one dlsym lookup for the line
-    std::printf("longtrain: blas core=%s (%s), %d threads/rank, %s GEMM peak %.1f GFLOP/s over all ranks "
-                "(measured), allocator %s, %.3g model GFLOP/token\n",
-                blas.core.empty() ? "unknown" : blas.core.c_str(), blas.describe().c_str(),
-                at::get_num_threads(), engine.config().model.bf16Compute ? "bf16" : "fp32", gemmPeak / 1e9, allocatorName().c_str(), flopsPerToken / 1e9);
-    std::printf("longtrain: %d rank(s) (sp=%d: %s, dp=%d), model %.2fM params (%lld layers, hidden %lld), data %s\n",
-                groups.world->size(), groups.sp->size(), cfg.spLayout.describe().c_str(), groups.dp->size(),
-                cfg.model.numParams() / 1e6,
-                (long long)cfg.model.layers, (long long)cfg.model.hidden, engine.dataset().describe().c_str());
-    std::printf("longtrain: global batch %lld = micro %lld x accum %lld x dp %d, seq_len %lld, %lld steps\n",
-                (long long)cfg.trainBatchSize, (long long)cfg.microBatch, (long long)cfg.gradAccum,
-                groups.dp->size(), (long long)cfg.data.seqLen, (long long)cfg.train.steps);
-    const int L = static_cast<int>(cfg.model.layers), k = engine.graphBlocks();
-    std::printf("longtrain: activation_checkpointing \"%s\": %d of %d blocks keep their graph, %d recomputed "
-                "(budget %.0f MiB/rank, predicted peak %.0f MiB)\n",
-                cfg.activationCheckpointing.c_str(), k, L, L - k, engine.memoryBudget() / 1048576.0,
-                plan::predictPeak(cfg, groups.world->size(), k).total() / 1048576.0);
-    if (cfg.data.evalFraction > 0 && engine.evalDataset())
-      std::printf("longtrain: eval on the held-out %.1f%% of windows; unigram baseline loss %.4f (the training "
-                  "windows' token frequencies)\n",
-                  100 * cfg.data.evalFraction,
-                  data::unigramBaselineLoss(engine.dataset(), *engine.evalDataset(), cfg.model.vocabSize));
-    if (opts.printProgram) std::printf("step program:\n%s", engine.program().listing().c_str());
-    std::fflush(stdout);
-  }
+  Engine engine(cfg, groups, opts.engine);
+  if (const std::string from = resumeSource(ck, opts); !from.empty()) resume(engine, from, lead);
+  const double gemmPeak = jobGemmPeak(engine), flopsPerToken = modelFlopsPerToken(cfg.model, cfg.data.seqLen);
+  if (lead) printBanner(engine, gemmPeak, flopsPerToken, opts.printProgram);
   engine.onRecompile = [&](int64_t step, const std::vector<std::string>& passes, const compile::Program& p) {
-    if (!lead) return;
-    std::string list;
-    for (const auto& n : passes) list += (list.empty() ? "" : ", ") + n;
-    std::printf("compile: step %lld: passes [%s] -> %zu instructions\n", (long long)step, list.c_str(), p.code.size());
-    if (opts.printProgram) std::printf("%s", p.listing().c_str());
-    std::fflush(stdout);
+    if (lead) printRecompile(step, passes, p, opts.printProgram);
   };
-  std::ofstream metrics;
-  if (lead && !opts.metricsPath.empty()) {
-    // A resumed run appends: the file keeps the steps before the checkpoint.
-    metrics.open(opts.metricsPath, engine.globalStep() > 0 ? std::ios::app : std::ios::trunc);
-    LT_CHECK(metrics.good(), "--metrics: cannot open '", opts.metricsPath, "' for writing");
-  }
-
+  MetricsWriter metrics(lead ? opts.metricsPath : "", engine.globalStep() > 0, flopsPerToken, gemmPeak);
   TrainSummary sum;
-  double elapsed = 0, tokensSeen = 0;
   sum.firstStep = engine.globalStep();
+  Throughput rate;
   ckpt::AsyncSaver saver;  // train.checkpoint.async
   Sampler sampler(cfg);
   for (int64_t s = engine.globalStep(); s < cfg.train.steps; ++s) {
@@ -255,111 +387,32 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
       m = engine.step();
     }
     const int stop = agreedStopSignal(*groups.world);
-    double ckptS = -1;
-    std::string ckptError;
-    const bool cadence = ck.everySteps > 0 && (m.step % ck.everySteps == 0 || m.step == cfg.train.steps);
-    if (cadence || (stop && !ck.dir.empty())) {
-      auto t0 = std::chrono::steady_clock::now();
-      std::string dir;
-      setPhase("saving the checkpoint of step %lld", (long long)m.step);
-      ckptError = saveCheckpoint(engine, saver, opts, dir);
-      ckptS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      sum.checkpointSeconds += ckptS;
-      sum.failedSaves += !ckptError.empty();
-      if (lead && ckptError.empty())
-        std::printf("checkpoint: step %lld -> %s (%s %.2f s)\n", (long long)m.step, dir.c_str(),
-                    ck.async ? "copied in, writing in the background;" : "written in", ckptS);
-      if (lead && !ckptError.empty())
-        std::printf("checkpoint: step %lld FAILED: %s (train.checkpoint.on_error \"warn\": training goes on, the "
-                    "next save tries again)\n", (long long)m.step, ckptError.c_str());
-    }
-    // The first step pays one-time costs (allocation, thread pools): left out of throughput.
-    if (s > sum.firstStep || cfg.train.steps == sum.firstStep + 1) {
-      elapsed += m.stepTimeS;
-      tokensSeen += static_cast<double>(m.tokens);
-    }
-    double tps = elapsed > 0 ? tokensSeen / elapsed : m.tokens / m.stepTimeS;
-    bool evalNow = (cfg.train.evalEvery > 0 && m.step % cfg.train.evalEvery == 0) || m.step == cfg.train.steps;
-    EvalMetrics e;
+    const SaveOutcome saved = maybeSave(engine, saver, opts, m.step, stop != 0, lead);
+    sum.checkpointSeconds += std::max(0.0, saved.seconds);
+    sum.failedSaves += !saved.error.empty();
+    rate.add(m, s > sum.firstStep || cfg.train.steps == sum.firstStep + 1);
+    const double tps = rate.tokensPerS(m);
+    const bool evalNow = (cfg.train.evalEvery > 0 && m.step % cfg.train.evalEvery == 0) || m.step == cfg.train.steps;
+    std::optional<EvalMetrics> e;
     if (evalNow) setPhase("evaluation after step %lld", (long long)m.step), e = engine.evaluate();
     sampler.maybeSample(engine, m.step, lead);
     if (lead) {
-      if (m.step % cfg.stepsPerPrint == 0 || m.step == 1 || m.step == cfg.train.steps) {
-        double eta = (cfg.train.steps - m.step) * (elapsed > 0 ? elapsed / std::max<int64_t>(1, m.step - 1 - sum.firstStep) : m.stepTimeS);
-        std::printf("step %lld/%lld | loss %.4f | acc %.3f | lr %.3g | grad_norm %.3f | %.0f tok/s | MFU %.1f%% | "
-                    "ETA %s\n",
-                    (long long)m.step, (long long)cfg.train.steps, m.loss, m.accuracy, m.lr, m.gradNorm, tps,
-                    100 * mfuOf(tps), humanTime(eta).c_str());
-      }
-      if (evalNow)
-        std::printf("eval  %lld/%lld | loss %.4f | accuracy %.3f over %lld tokens\n", (long long)m.step,
-                    (long long)cfg.train.steps, e.loss, e.accuracy, (long long)e.tokens);
-      std::fflush(stdout);
-      if (metrics.is_open()) {
-        nlohmann::json j{{"step", m.step},           {"loss", m.loss},
-                         {"lr", m.lr},               {"grad_norm", m.gradNorm},
-                         {"train_accuracy", m.accuracy}, {"tokens", m.tokens},
-                         {"step_time_s", m.stepTimeS}, {"tokens_per_s", m.tokens / m.stepTimeS},
-                         {"peak_rss_bytes", m.peakRssBytes},
-                         {"exposed_gather_s", m.exposedGatherS},
-                         {"activation_peak_bytes", m.activationPeakBytes},
-                         {"mfu", mfuOf(m.tokens / m.stepTimeS)},
-                         {"model_flops_per_token", flopsPerToken},
-                         {"gemm_peak_flops", gemmPeak}};
-        j["skipped_steps"] = engine.skippedSteps();
-        j["rss_bytes"] = currentRssBytes();  // rank 0's, now (leak watch: with open_fds)
-        j["open_fds"] = openFileDescriptors();
-        if (auto* z = engine.zero()) {
-          const auto& l = z->ledger();
-          j["zero_param_bytes"] = l.paramBytes;
-          if (z->stage() < 3) j["zero_replica_bytes"] = l.replicaBytes;
-          j["zero_grad_bytes"] = l.gradBytes;
-          j["zero_optim_bytes"] = l.optimBytes;
-          j["zero_rollback_bytes"] = l.rollbackBytes;
-          j["zero_gathered_peak_bytes"] = l.gatheredPeakBytes;
-          j["zero_unpartitioned_bytes"] = l.unpartitionedBytes;
-          j["speculated_subgroups"] = m.zero.speculated;
-          j["rolled_back_subgroups"] = m.zero.rolledBack;
-          j["optimizer_wait_s"] = m.zero.waitSeconds;
-          j["optimizer_adam_s"] = m.zero.adamSeconds;
-          j["worker_adam_s"] = m.zero.workerAdamSeconds;
-        }
-        if (ckptS >= 0) j["checkpoint_s"] = ckptS;
-        if (!ckptError.empty()) j["checkpoint_error"] = ckptError;
-        if (evalNow) {
-          j["eval_loss"] = e.loss;
-          j["eval_accuracy"] = e.accuracy;
-        }
-        metrics << j.dump() << "\n";
-        metrics.flush();
-      }
+      const double perStep = rate.elapsed > 0 ? rate.elapsed / std::max<int64_t>(1, m.step - 1 - sum.firstStep)
+                                              : m.stepTimeS;
+      printProgress(cfg, m, tps, metrics.mfu(tps), (cfg.train.steps - m.step) * perStep, e ? &*e : nullptr);
+      metrics.write(engine, m, e ? &*e : nullptr, saved.seconds, saved.error);
     }
     sum.finalLoss = m.loss;
     sum.steps = m.step;
-    if (evalNow) {
-      sum.evalLoss = e.loss;
-      sum.evalAccuracy = e.accuracy;
-    }
+    if (e) sum.evalLoss = e->loss, sum.evalAccuracy = e->accuracy;
     sum.tokensPerS = tps;
     if (stop) {
       sum.stopSignal = stop;
-      if (lead)
-        std::printf("stop: %s after step %lld; %s\n", strsignal(stop), (long long)m.step,
-                    ck.dir.empty() ? "no checkpoint (train.checkpoint.dir is not set)"
-                                   : ("checkpoint saved under " + ck.dir + "; continue with --resume").c_str());
+      if (lead) printStop(stop, m.step, ck.dir);
       break;
     }
   }
-  if (ck.async) {
-    auto t0 = std::chrono::steady_clock::now();
-    // The last checkpoint is complete before the run reports done (or every rank says why not).
-    if (const std::string e = agreedAsyncOutcome(saver, *groups.world); !e.empty()) {
-      LT_CHECK(ck.onError == "warn", e);
-      ++sum.failedSaves;
-      if (lead) std::printf("checkpoint: the last save FAILED: %s\n", e.c_str());
-    }
-    sum.checkpointSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
+  finishAsyncSaves(saver, cfg, *groups.world, sum, lead);
   if (!opts.tracePath.empty()) {
     writeTrace(groups, opts.tracePath);
     if (lead) std::printf("trace: %s (Chrome trace-event JSON; open it in Perfetto)\n", opts.tracePath.c_str());

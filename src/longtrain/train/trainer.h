@@ -1,11 +1,12 @@
 // The training loop around Engine: progress lines and the metrics JSONL on world rank 0,
-// evaluation every `train.eval_every` steps and at the end. The JSONL schema is in the README.
+// evaluation every `train.eval_every` steps and at the end, checkpoints on their cadence and on a
+// stop signal. The JSONL schema (MetricsWriter, trainer.cpp) is in the README.
 #pragma once
 #include <functional>
 #include <string>
 
 #include "longtrain/comm/comm.h"
-#include "longtrain/train/config.h"
+#include "longtrain/train/engine.h"
 
 namespace lt::train {
 
@@ -23,6 +24,7 @@ struct TrainOptions {
   std::string runId;  // the launch (LONGTRAIN_RUN_ID): recorded in manifests, matched on restart
   // Called at each stage of every checkpoint save (ckpt::StageHook; fault injection).
   std::function<void(const std::string&)> checkpointHook;
+  EngineOptions engine;  // what the engine takes from the process (its CPUs)
 };
 
 struct TrainSummary {

@@ -14,6 +14,7 @@
 
 #include "longtrain/core/check.h"
 #include "longtrain/core/partition.h"
+#include "longtrain/offload/grad_verdict.h"
 #include "longtrain/core/trace.h"
 
 namespace lt::zero {
@@ -74,8 +75,9 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
   // Keep this rank's chunk of every (identically initialized) parameter; stage 3 frees the rest.
   for (auto& pi : params_) {
     auto flat = pi.tensor.detach().reshape({-1});
-    int64_t lo = std::min(pi.numel, r * pi.chunk), hi = std::min(pi.numel, (r + 1) * pi.chunk);
-    if (hi > lo) subGroups_[pi.subGroup].master.narrow(0, pi.offset, hi - lo).copy_(flat.slice(0, lo, hi));
+    const PartitionRange mine = partitionRange(pi.numel, W, r);
+    if (mine.length() > 0)
+      subGroups_[pi.subGroup].master.narrow(0, pi.offset, mine.length()).copy_(flat.slice(0, mine.begin, mine.end));
     if (o_.stage == 3) pi.tensor.set_data(at::empty({0}, pi.tensor.options()));
   }
   pendingGathers_.resize(groupParams_.size());
@@ -154,14 +156,11 @@ std::vector<StateShard> Zero3::stateShards() {
   std::vector<StateShard> out;
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& pi = params_[i];
-    const int64_t lo = std::min(pi.numel, r * pi.chunk), hi = std::min(pi.numel, (r + 1) * pi.chunk);
-    if (hi <= lo) continue;
+    const PartitionRange mine = partitionRange(pi.numel, world_->size(), r);
+    if (mine.length() <= 0) continue;
     auto& sg = subGroups_[pi.subGroup];
-    auto adamView = [&](float* base) {
-      return at::from_blob(base, {sg.partNumel}, at::kFloat).narrow(0, pi.offset, hi - lo);
-    };
-    out.push_back({static_cast<int>(i), lo, hi - lo, sg.master.narrow(0, pi.offset, hi - lo),
-                   adamView(adam_->expAvg(sg.adamGroup)), adamView(adam_->expAvgSq(sg.adamGroup))});
+    out.push_back({static_cast<int>(i), mine.begin, mine.length(), sg.master.data_ptr<float>() + pi.offset,
+                   adam_->expAvg(sg.adamGroup) + pi.offset, adam_->expAvgSq(sg.adamGroup) + pi.offset});
   }
   return out;
 }
@@ -378,31 +377,26 @@ ZeroStepResult Zero3::step() {
   for (auto& sg : subGroups_) sq += sg.grad.to(at::kDouble).pow(2).sum().item<double>();
   auto stats = at::tensor({sq}, at::kDouble);
   world_->allReduce(stats).wait();
-  res.gradNorm = std::sqrt(stats.item<double>());
-  const bool finite = std::isfinite(res.gradNorm);
-  const bool clip = finite && o_.gradientClipping > 0 && res.gradNorm > o_.gradientClipping;
-
+  const offload::GradVerdict v = offload::judgeGradients(stats.item<double>(), o_.gradientClipping);
+  res.gradNorm = v.norm;
   for (int s = 0; s < numSubGroups(); ++s) {
     auto& sg = subGroups_[s];
     if (!sg.speculated) continue;
-    if (!finite || clip) {
+    if (v.skip || v.clip) {
       ++res.rolledBack;  // drop the shadows: state and step count never changed
     } else {
       std::swap(sg.master, sg.shadowMaster);
       adam_->commitSpeculative(sg.adamGroup);
     }
   }
-  if (!finite || clip)
+  if (v.skip || v.clip)
     for (auto& sg : subGroups_) sg.speculated = false;
-  if (!finite) {
+  if (v.skip) {
     res.skipped = true;
     ++skipped_;
   } else {
-    if (clip) {
-      res.clipped = true;
-      const double coef = o_.gradientClipping / (res.gradNorm + 1e-6);  // PyTorch's clip_grad_norm_
-      for (auto& sg : subGroups_) sg.grad.mul_(coef);
-    }
+    if (v.clip)
+      for (auto& sg : subGroups_) sg.grad.mul_(v.clipCoef);
     auto t1 = Clock::now();
     for (int s = 0; s < numSubGroups(); ++s)
       if (!subGroups_[s].speculated) stepSubGroup(s);

@@ -38,6 +38,7 @@
 #include "longtrain/comm/comm.h"
 #include "longtrain/core/channel.h"
 #include "longtrain/core/fifo.h"
+#include "longtrain/core/partition.h"
 #include "longtrain/model/model.h"
 #include "longtrain/offload/cpu_adam.h"
 #include "longtrain/zero/ipg_bucket.h"
@@ -77,20 +78,11 @@ struct Ledger {
 struct ZeroStepResult {
   double gradNorm = 0;
   bool skipped = false;      // non-finite gradient: nothing changed
-  bool clipped = false;
   int speculated = 0;        // sub-groups stepped speculatively
   int rolledBack = 0;
   double waitSeconds = 0;     // step() waiting for reduce-scatters and the worker
   double adamSeconds = 0;     // step() running Adam itself (sub-groups not speculated, re-steps)
   double workerAdamSeconds = 0;      // the worker's speculative Adam steps
-};
-
-// A checkpointable piece of one parameter's state: elements [offset, offset + length) of the
-// flattened parameter, as views of the live buffers (writing them sets the state).
-struct StateShard {
-  int param;  // index in Model::parameters() order
-  int64_t offset, length;
-  at::Tensor master, expAvg, expAvgSq;  // [length] fp32
 };
 
 class Zero3 {
@@ -126,7 +118,7 @@ class Zero3 {
   void injectGradValue(int subGroup, float value) { inject_ = {subGroup, value}; }
   offload::CpuAdam& adam() { return *adam_; }
   // Checkpoint state: this rank's chunk of every parameter (empty chunks left out).
-  std::vector<StateShard> stateShards();
+  std::vector<StateShard> stateShards();  // pointing into the masters and Adam buffers
   const std::vector<int64_t>& paramShape(int param) const { return params_.at(param).shape; }
   int64_t adamStepCount() const;  // equal across sub-groups (a skipped step skips them all)
   // Before loading: zeroes master, m and v (padding included), sets every sub-group's step

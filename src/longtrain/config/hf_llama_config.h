@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <string>
 
-#include "longtrain/model/model.h"
+#include "longtrain/config/model_config.h"
 
-namespace lt::model {
+namespace lt::config {
 
 struct HfLlamaConfig {
   ModelConfig model;          // the architecture fields; the rest stays at ModelConfig's defaults
@@ -44,4 +44,4 @@ inline constexpr HfKey kHfModelKeys[] = {
     {"tie_word_embeddings", "tie_word_embeddings"},
 };
 
-}  // namespace lt::model
+}  // namespace lt::config

@@ -1,7 +1,7 @@
 // config.json <-> ModelConfig. Hugging Face defaults (LlamaConfig's) apply to absent optional
 // fields: num_key_value_heads = num_attention_heads, rope_theta 10000, rms_norm_eps 1e-6,
 // tie_word_embeddings false.
-#include "longtrain/model/hf_config.h"
+#include "longtrain/config/hf_llama_config.h"
 
 #include <nlohmann/json.hpp>
 
@@ -10,7 +10,7 @@
 
 #include "longtrain/core/check.h"
 
-namespace lt::model {
+namespace lt::config {
 
 using json = nlohmann::json;
 
@@ -166,4 +166,4 @@ json hfLlamaConfigJson(const HfLlamaConfig& c) {
   return j;
 }
 
-}  // namespace lt::model
+}  // namespace lt::config

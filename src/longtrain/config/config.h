@@ -1,20 +1,19 @@
-// The run configuration: one JSON file with DeepSpeed's key names wherever DeepSpeed has
-// the setting, plus sections `model`, `data`, `train`. Parsing is strict: an unknown key is an
-// error naming its JSON path and the closest known key; a wrong type or range names the
-// path, the value and what is expected. Every key is documented in the README.
+// The run configuration: one JSON file with DeepSpeed's key names wherever DeepSpeed has the
+// setting, plus sections `model`, `data`, `train`. Each section is a plain struct whose
+// member initializers are the defaults, declared once: the parser (config/parse.h) reads
+// the file over a default-constructed Config, and validate (config/validate.h) applies every
+// rule that spans keys or needs the world size, for every entry point (train, plan, the
+// launcher, the tests). Every key is documented in the README's configuration reference.
 #pragma once
-#include <nlohmann/json_fwd.hpp>
-
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "longtrain/compile/schedule.h"
-#include "longtrain/model/model.h"
-#include "longtrain/sp/layout.h"
+#include "longtrain/config/model_config.h"
+#include "longtrain/config/parallel_layout.h"
 
-namespace lt::train {
+namespace lt::config {
 
 struct OptimizerConfig {
   std::string type = "AdamW";  // "AdamW" | "Adam"
@@ -47,10 +46,16 @@ struct ZeroConfig {
   OffloadConfig offloadOptimizer;
 };
 
+// One entry of DeepCompile's pass schedule: from `step` on, the program is the base rewritten
+// by `passes` (the whole list; entries are not cumulative).
+struct ScheduleEntry {
+  int64_t step = 0;
+  std::vector<std::string> passes;
+};
+
 struct CompileConfig {
   bool deepcompile = false;
-  bool hasSchedule = false;  // false: the default (DeepSpeed's for ZeRO-3)
-  std::vector<compile::ScheduleEntry> schedule;
+  std::optional<std::vector<ScheduleEntry>> schedule;  // none: the default (DeepSpeed's for ZeRO-3)
 };
 
 struct DataConfig {
@@ -68,6 +73,7 @@ struct DataConfig {
   double evalFraction = 0;  // token files: the last fraction of windows is held out for evaluation
   int64_t kvPairs = 16, kvQueries = 32, kvKeys = 32, kvValues = 16, kvNoise = 16;
   bool kvFused = false;
+  bool tokenFile() const { return type != "kv_recall"; }
 };
 
 struct CheckpointConfig {
@@ -95,46 +101,38 @@ struct TrainSection {
   // exceeds 1.2x what a rank may use; false skips the check.
   bool memoryPreflight = true;
   CheckpointConfig checkpoint;
+  // train.comm_timeout_s in milliseconds: the bound on every collective and on waits for peers.
+  int64_t commTimeoutMs() const { return static_cast<int64_t>(commTimeoutS * 1000); }
 };
 
 struct Config {
-  // DeepSpeed keys (batch sizes resolved by resolveBatch).
+  // DeepSpeed keys; validate() derives whichever of the three was not given.
   int64_t trainBatchSize = 0, microBatch = 0, gradAccum = 0;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   double gradientClipping = 0;
-  bool bf16 = false, fp16 = false;
+  bool bf16 = false;
   bool bf16OnlyIfFaster = true;  // bf16.only_if_faster (longtrain's): false runs bf16 even where it is slower
   ZeroConfig zero;
   CompileConfig compile;
   int sequenceParallelSize = 1;
   // sequence_parallel_ring_degree (0: chosen from the head counts) and sequence_parallel_balance
-  // ("auto": zigzag when the ring degree > 1, "contiguous", "zigzag"); spLayout is the
-  // resolved Ulysses x ring split (sp/layout.h).
+  // ("auto": zigzag when the ring degree > 1, "contiguous", "zigzag").
   int sequenceParallelRingDegree = 0;
   std::string sequenceParallelBalance = "auto";
-  sp::Layout spLayout;
   // "auto": the memory model keeps as many blocks' graphs (no recompute) as fit
   // train.memory_budget; "all": every block is recomputed in backward; "none": none is.
   std::string activationCheckpointing = "auto";
   int64_t stepsPerPrint = 10;
   uint64_t seed = 1234;
-  model::ModelConfig model;
+  ModelConfig model;
   DataConfig data;
   TrainSection train;
 
-  // The parsed JSON (after --set overrides), for the record.
+  // Set by validate(): the world's split (SP x DP, Ulysses x ring).
+  ParallelLayout layout;
+  // The parsed JSON (after --set overrides, with init_from's model keys written in), for the record.
   std::string source;
 };
 
-// Parses and validates. `worldSize` is needed for DeepSpeed's batch-size consistency check
-// (train_batch_size = micro × accumulation × data-parallel size, dp = world / SP).
-Config parseConfig(const nlohmann::json& j, int worldSize);
-Config loadConfig(const std::string& path, const std::vector<std::string>& overrides, int worldSize);
-// The config file as JSON with the overrides applied (not validated yet).
-nlohmann::json loadConfigJson(const std::string& path, const std::vector<std::string>& overrides);
-
-// Applies one `--set a.b.c=VALUE` override (VALUE is JSON; a bare word is taken as a string).
-void applyOverride(nlohmann::json& j, const std::string& assignment);
-
-}  // namespace lt::train
+}  // namespace lt::config

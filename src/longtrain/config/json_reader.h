@@ -1,0 +1,55 @@
+// A strict reader of one JSON object, shared by the config parser and the checkpoint
+// manifest: typed reads with ranges, optional keys with a default or required ones, and a
+// finish() that refuses any key nobody read (naming the closest known key). Every error names
+// the key's dotted path after a label: "config key 'train.steps' ..." or
+// "<manifest path>: field 'data.loader_cursors' ...".
+// Non-obvious: a whole-valued float counts as an integer (DeepSpeed configs write 5e8).
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+namespace lt::config {
+
+class JsonReader {
+ public:
+  // `j` may be null (an absent section: every optional read gives its default). `label`
+  // starts every error message.
+  JsonReader(const nlohmann::json* j, std::string path, std::string label = "config key");
+
+  // Optional keys: absent or null gives `def`.
+  int64_t getInt(const std::string& key, int64_t def, int64_t lo, int64_t hi);
+  double getNum(const std::string& key, double def, double lo, double hi);
+  bool getBool(const std::string& key, bool def);
+  std::string getString(const std::string& key, const std::string& def);
+  std::string getEnum(const std::string& key, const std::string& def, std::initializer_list<const char*> choices);
+  // A byte count: a non-negative integer, or a string with a unit ("4GiB", "512MiB").
+  int64_t getBytes(const std::string& key, int64_t def);
+  JsonReader sub(const std::string& key);  // an optional object
+
+  // Required keys: absent is an error naming the key.
+  const nlohmann::json& require(const std::string& key);
+  int64_t requireInt(const std::string& key, int64_t lo, int64_t hi);
+  std::string requireString(const std::string& key);
+  bool requireBool(const std::string& key);
+  const nlohmann::json& requireArray(const std::string& key);
+  JsonReader requireObject(const std::string& key);
+
+  const nlohmann::json* find(const std::string& key);  // marks the key known; null if absent
+  bool has(const std::string& key) const;
+  std::string keyPath(const std::string& key) const;
+  std::string name(const std::string& key) const;  // "<label> '<path>'"
+  // Any key present but never read is unknown: an error with the closest known key.
+  void finish() const;
+
+ private:
+  int64_t toInt(const nlohmann::json& v, const std::string& key, int64_t lo, int64_t hi) const;
+  const nlohmann::json* j_;
+  std::string path_, label_;
+  std::vector<std::string> known_;
+};
+
+}  // namespace lt::config

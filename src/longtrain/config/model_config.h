@@ -1,0 +1,53 @@
+// The model's section of the config: a Llama-style decoder's shape and the choices of its
+// kernels. Plain data, no libtorch, so every module (the model, the memory model, checkpoints,
+// the Hugging Face reader) shares one definition. Non-obvious: the defaults below are the
+// parsed defaults too (the parser reads over a default-constructed struct), except the two
+// derived from other keys: num_kv_heads (= num_heads) and intermediate_size (= 4 x hidden).
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace lt::config {
+
+// Hugging Face's rope_scaling: "none" (plain RoPE), "linear" (every frequency / factor) or
+// "llama3" (Llama 3.1's: low frequencies / factor, high ones kept, a smooth ramp between).
+struct RopeScaling {
+  std::string type = "none";
+  double factor = 1, lowFreqFactor = 1, highFreqFactor = 4;
+  int64_t originalMaxPositions = 0;
+};
+
+struct ModelConfig {
+  int64_t vocabSize = 64, hidden = 64, layers = 2, heads = 4, kvHeads = 4, intermediate = 256;
+  double ropeTheta = 10000.0, normEps = 1e-5, initStd = 0.02;
+  RopeScaling ropeScaling;
+  bool tieEmbeddings = false;
+  // model.init_from: a Hugging Face Llama directory whose config.json gave the fields above
+  // and whose safetensors give the initial weights ("" : random init from the seed).
+  std::string initFrom;
+  int64_t maxPositions = 0;  // max_position_embeddings of init_from (0: unknown); recorded on export
+  // The attention core: "fused" (model/fused_attention.h, the default), "chunked" or "naive";
+  // the last two are the references the fused kernel is tested against.
+  std::string attention = "fused";
+  int64_t attentionChunk = 0;  // tile edge of "fused" and "chunked"; 0: theirs (128) / 256
+  int64_t lossChunk = 0;       // 0: logits of the whole sequence at once; else tiles of this many tokens
+  bool tiledMlp = false;       // MLP over ceil(S / hidden) sequence shards (DeepSpeed's TiledMLP)
+  // Fused RMSNorm, SwiGLU and RoPE, q/k/v and gate/up each one GEMM; false: the ATen
+  // composition, the reference the fused path is tested against. Parameters are the same.
+  bool fusedKernels = true;
+  // Set by the engine, not parsed. GEMMs (projections, MLP, LM head) in bf16 with fp32
+  // outputs (bf16.enabled, when the CPU's bf16 GEMM is faster); the rest stays fp32.
+  bool bf16Compute = false;
+  // Set by the engine from data.packing "documents": attention is block-diagonal causal over
+  // the documents the position ids mark (they restart at 0 at each document's first token).
+  bool packedDocuments = false;
+
+  int64_t headDim() const { return hidden / heads; }
+  // Parameter counts, the one definition the model, the memory model and MFU use.
+  int64_t blockParams() const;  // 2 norms, q/k/v/o, SwiGLU's three matrices
+  int64_t embedParams() const { return vocabSize * hidden; }
+  int64_t headParams() const { return hidden + (tieEmbeddings ? 0 : vocabSize * hidden); }  // final norm + LM head
+  int64_t numParams() const { return layers * blockParams() + embedParams() + headParams(); }
+};
+
+}  // namespace lt::config

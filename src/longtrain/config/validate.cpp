@@ -1,0 +1,155 @@
+// validate(): one function per concern (batch, model shape, ZeRO, compile schedule, data,
+// training), each naming the keys involved and how to fix them. Non-obvious: overflow is
+// checked on the products the engine and the memory model form, not just per key.
+#include "longtrain/config/validate.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+#include <iterator>
+#include <utility>
+#include <vector>
+
+#include "longtrain/core/check.h"
+
+namespace lt::config {
+
+namespace {
+
+// DeepSpeed's rules: train_batch_size = micro x accumulation x data-parallel size; any two of
+// the three determine the third, one alone means no accumulation.
+void resolveBatch(Config& c) {
+  const int64_t dp = c.layout.dp;
+  int64_t tb = c.trainBatchSize, mb = c.microBatch, ga = c.gradAccum;
+  if (tb && mb && ga) {
+  } else if (tb && mb) {
+    ga = tb / mb / dp;
+  } else if (tb && ga) {
+    mb = tb / dp / ga;
+  } else if (mb && ga) {
+    tb = mb * ga * dp;
+  } else if (tb) {
+    ga = 1;
+    mb = tb / dp;
+  } else if (mb) {
+    ga = 1;
+    tb = mb * dp;
+  } else {
+    LT_CHECK(false, "set train_batch_size or train_micro_batch_size_per_gpu (DeepSpeed's batch keys)");
+  }
+  LT_CHECK(mb > 0 && ga > 0 && tb == mb * ga * dp, "inconsistent batch sizes: train_batch_size=", tb,
+           " must equal train_micro_batch_size_per_gpu=", mb, " x gradient_accumulation_steps=", ga,
+           " x data-parallel size=", dp, " (world ", c.layout.world, " / sequence_parallel_size ", c.layout.P,
+           ") = ", mb * ga * dp, "; fix one of the three keys or the number of ranks");
+  c.trainBatchSize = tb;
+  c.microBatch = mb;
+  c.gradAccum = ga;
+}
+
+void checkModel(const ModelConfig& m) {
+  LT_CHECK(m.hidden % m.heads == 0, "model.hidden_size=", m.hidden, " must be divisible by model.num_heads=", m.heads);
+  LT_CHECK(m.heads % m.kvHeads == 0, "model.num_heads=", m.heads, " must be divisible by model.num_kv_heads=",
+           m.kvHeads);
+  LT_CHECK(m.headDim() % 2 == 0, "model.hidden_size / model.num_heads = ", m.headDim(),
+           " must be even (RoPE rotates pairs)");
+}
+
+void checkZero(const ZeroConfig& z) {
+  const auto& off = z.offloadOptimizer;
+  LT_CHECK(off.device == "none" || z.stage >= 1, "config key 'zero_optimization.offload_optimizer.device' = \"",
+           off.device, "\" needs zero_optimization.stage 1, 2 or 3");
+  LT_CHECK(!off.superOffload || off.device == "cpu", "config key 'zero_optimization.offload_optimizer.",
+           "super_offload' = true needs offload_optimizer.device=\"cpu\"");
+}
+
+// With ZeRO-3 every schedule entry gathers parameters (the zero3 pass); without it none may.
+void checkSchedule(const Config& c) {
+  if (!c.compile.schedule) return;
+  const bool z3 = c.zero.stage == 3;
+  for (const auto& e : *c.compile.schedule) {
+    const bool has = std::find(e.passes.begin(), e.passes.end(), "zero3") != e.passes.end();
+    LT_CHECK(has == z3, "compile.schedule: step ", e.step, ": ",
+             z3 ? "zero_optimization.stage=3 needs the 'zero3' pass in every entry"
+                : "the 'zero3' pass needs zero_optimization.stage=3");
+  }
+}
+
+void checkData(const Config& c) {
+  const DataConfig& d = c.data;
+  LT_CHECK(!d.tokenFile() || !d.path.empty(), "config key 'data.path' is required when data.type=\"", d.type,
+           "\" (a file of tokens)");
+  LT_CHECK(d.packing == "none" || d.tokenFile(), "config key 'data.packing' = \"", d.packing,
+           "\" needs a token file (data.type uint16, uint32 or bytes): kv_recall samples are one document each");
+  LT_CHECK(d.packing == "none" || d.eosId >= 0 || !d.tokenizer.empty(), "data.packing=\"documents\" needs the EOS id ",
+           "that separates documents: set data.tokenizer (its EOS is taken) or data.eos_id");
+  LT_CHECK(d.type != "bytes" || c.model.vocabSize >= 256, "data.type=\"bytes\" needs model.vocab_size >= 256, got ",
+           c.model.vocabSize);
+  LT_CHECK(d.tokenFile() || kvRecallVocabNeeded(d) <= c.model.vocabSize, "model.vocab_size=", c.model.vocabSize,
+           " is smaller than the kv_recall task needs (", kvRecallVocabNeeded(d), " = 2 + num_keys + num_values + ",
+           "num_noise [+ num_keys x num_values if fused_pairs]); raise model.vocab_size");
+}
+
+void checkTrain(const Config& c) {
+  const TrainSection& t = c.train;
+  LT_CHECK(t.checkpoint.everySteps == 0 || !t.checkpoint.dir.empty(), "config key 'train.checkpoint.every_steps' = ",
+           t.checkpoint.everySteps, " needs 'train.checkpoint.dir' (where to write checkpoints)");
+  LT_CHECK(t.samplePrompt.empty() || !c.data.tokenizer.empty(), "train.sample_prompt needs data.tokenizer to ",
+           "encode it");
+}
+
+// Sizes the engine and the memory model multiply together must not overflow 64-bit
+// arithmetic (each key alone is range-checked; their products are not): refused naming the keys.
+void checkProductsFit(const Config& c) {
+  struct Product {
+    const char* what;
+    std::vector<std::pair<const char*, int64_t>> factors;
+  };
+  const int64_t widest = std::max({c.model.hidden, c.model.intermediate, c.model.vocabSize});
+  std::vector<Product> all = {
+      {"activation elements of one micro-batch",
+       {{"data.seq_len", c.data.seqLen}, {"train_micro_batch_size_per_gpu", c.microBatch},
+        {"the widest of model.hidden_size, intermediate_size, vocab_size", widest}, {"model.num_layers", c.model.layers}}},
+      {"weights of one layer", {{"model.hidden_size", c.model.hidden}, {"model.intermediate_size", c.model.intermediate},
+                                {"model.num_layers", c.model.layers}}},
+      {"embedding weights", {{"model.vocab_size", c.model.vocabSize}, {"model.hidden_size", c.model.hidden}}}};
+  // Only naive attention holds a micro-batch's scores at once; fused and chunked attention tile them.
+  if (c.model.attention == "naive")
+    all.push_back({"attention scores of one micro-batch",
+                   {{"data.seq_len", c.data.seqLen}, {"data.seq_len", c.data.seqLen}, {"model.num_heads", c.model.heads},
+                    {"train_micro_batch_size_per_gpu", c.microBatch}}});
+  for (const auto& p : all) {
+    long double v = 16;  // bytes per element with Adam's state, and headroom
+    std::string keys;
+    for (const auto& [k, x] : p.factors) {
+      v *= static_cast<long double>(x);
+      keys += fmt::format("{}{} = {}", keys.empty() ? "" : " x ", k, x);
+    }
+    LT_CHECK(v < static_cast<long double>(INT64_MAX), "config: the ", p.what, " (", keys,
+             ") overflow 64-bit arithmetic; lower the largest of these keys");
+  }
+}
+
+}  // namespace
+
+int64_t kvRecallVocabNeeded(const DataConfig& d) {
+  return 2 + d.kvKeys + d.kvValues + d.kvNoise + (d.kvFused ? d.kvKeys * d.kvValues : 0);
+}
+
+ParallelLayout layoutOf(const Config& c, int world) {
+  return ParallelLayout::make(world, c.sequenceParallelSize, c.model.heads, c.model.kvHeads,
+                              c.sequenceParallelRingDegree, c.sequenceParallelBalance);
+}
+
+void validate(Config& c, int world) {
+  checkModel(c.model);
+  c.layout = layoutOf(c, world);
+  resolveBatch(c);
+  checkZero(c.zero);
+  checkSchedule(c);
+  checkData(c);
+  checkTrain(c);
+  checkProductsFit(c);
+}
+
+}  // namespace lt::config

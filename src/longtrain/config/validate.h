@@ -1,0 +1,23 @@
+// The rules that span keys or need the job's size, in one place: every entry point (train,
+// plan, the launcher before it starts ranks, the tests' fuzzer) runs them through
+// parseConfig, so a config one of them accepts is accepted by all (a rank never refuses,
+// after launch, what `plan` or the launcher let through).
+#pragma once
+#include "longtrain/config/config.h"
+
+namespace lt::config {
+
+// Checks `c` for a job of `world` ranks and fills what derives from it: whichever of the
+// three batch keys was not given (DeepSpeed's rules) and `layout`. Errors name the keys and
+// the fix.
+void validate(Config& c, int world);
+
+// The layout `c`'s keys give on `world` ranks (validate() stores it in c.layout; the memory
+// model and the ablation ladder ask again for configs they vary).
+ParallelLayout layoutOf(const Config& c, int world);
+
+// The vocabulary the built-in kv_recall task needs: BOS, padding, keys, values, noise, and
+// with fused pairs one token per (key, value).
+int64_t kvRecallVocabNeeded(const DataConfig& d);
+
+}  // namespace lt::config
