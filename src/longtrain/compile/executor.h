@@ -47,11 +47,14 @@ class Executor {
   MicroBatchStats evaluate(const Program& p, const data::Batch& batch);
 
  private:
-  // Loss (and, with backward, dLoss/dh) of head(h), in sequence tiles of the model's
-  // loss_chunk tokens: the [B, S, vocab] logits never exist whole (DeepSpeed's
-  // TiledFusedLogitsLoss). `scale` multiplies the loss before backward.
-  at::Tensor lossAndGrad(const at::Tensor& h, const at::Tensor& shiftLabels, double scale, bool backward,
-                         MicroBatchStats& st);
+  struct RunState;
+  void execute(const Instr& in, RunState& r);
+  // The loss of head(h) in sequence tiles of the model's loss_chunk tokens (0: one tile), so the
+  // [B, S, vocab] logits never exist whole (DeepSpeed's TiledFusedLogitsLoss): its sums into
+  // `st`, and with lossAndGrad dLoss/dh, the loss scaled by `scale` before backward.
+  int64_t lossTile(int64_t S) const;
+  void loss(const at::Tensor& h, const at::Tensor& shiftLabels, MicroBatchStats& st) const;
+  at::Tensor lossAndGrad(const at::Tensor& h, const at::Tensor& shiftLabels, double scale, MicroBatchStats& st) const;
 
   const model::Model& model_;
   model::AttentionFn attn_;

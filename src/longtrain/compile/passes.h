@@ -17,7 +17,6 @@ namespace lt::compile {
 // What a profiled step measured, per instruction of the program it ran (max over ranks).
 struct InstrProfile {
   double seconds = 0;
-  int64_t bytesMoved = 0;  // parameter bytes gathered / gradient bytes reduced
   int64_t liveBefore = 0, liveAfter = 0;  // ledger: gathered parameters + kept activations
 };
 struct Profile {
