@@ -58,6 +58,67 @@ TEST_P(Collectives, ClosedForm) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(2, 3, 4));
 
+// Element e of rank r's input: values over ~50 binary orders of magnitude, of both signs, so
+// that any change in how the sum is formed would show in the bits.
+at::Tensor spread(int64_t n, int r) {
+  auto x = at::arange(n, at::kDouble);
+  return (at::sin(x * 0.37 + r) * at::exp(at::cos(x * 0.11 + 2.0 * r) * 17.0)).to(at::kFloat);
+}
+
+// Bits equal, -0 apart from +0 (at::equal compares values).
+bool sameBits(const at::Tensor& a, const at::Tensor& b) { return at::equal(a.view(at::kInt), b.view(at::kInt)); }
+
+// Options::allReducePieces: a 2-rank sum split into concurrent pieces gives the bits of one
+// Gloo all-reduce, which are a + b element by element, on both ranks; anything else (more
+// ranks, Max) is not split and so unchanged.
+TEST(Collectives, SplitAllReduceIsBitIdentical) {
+  struct Case {
+    int ranks;
+    int64_t n;
+    int pieces;
+    int64_t splitBytes;
+    lt::comm::ReduceOp op;
+  };
+  const std::vector<Case> cases = {
+      {2, (int64_t(4) << 20) / 4 + 3, 2, int64_t(4) << 20, lt::comm::ReduceOp::Sum},  // the default: 4 MiB + 12 bytes
+      {2, 7, 3, 4, lt::comm::ReduceOp::Sum},          // pieces of 2, 2 and 3 elements
+      {2, 100003, 4, 1, lt::comm::ReduceOp::Sum},
+      {2, 4096, 2, 4, lt::comm::ReduceOp::Max},       // not split
+      {3, 100003, 2, 4, lt::comm::ReduceOp::Sum},     // not split: 3 ranks
+  };
+  for (const auto& k : cases) {
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    std::vector<at::Tensor> split(k.ranks), whole(k.ranks);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < k.ranks; ++r)
+      ts.emplace_back([&, r] {
+        lt::comm::Options o;
+        o.timeout = std::chrono::milliseconds(30000);
+        o.allReducePieces = 1;
+        lt::comm::Comm one(store, r, k.ranks, o, "one");
+        o.allReducePieces = k.pieces;
+        o.allReduceSplitBytes = k.splitBytes;
+        lt::comm::Comm pieces(store, r, k.ranks, o, "pieces");
+        whole[r] = spread(k.n, r);
+        split[r] = spread(k.n, r);
+        one.allReduce(whole[r], k.op).wait();
+        pieces.allReduce(split[r], k.op).wait();
+        one.barrier();
+      });
+    for (auto& t : ts) t.join();
+    const std::string what = std::to_string(k.ranks) + " ranks, " + std::to_string(k.n) + " elements, " +
+                             std::to_string(k.pieces) + " pieces";
+    for (int r = 0; r < k.ranks; ++r) {
+      EXPECT_TRUE(sameBits(split[r], whole[r])) << what << ", rank " << r;
+      EXPECT_TRUE(sameBits(split[r], split[0])) << what << ", rank " << r;
+    }
+    if (k.ranks == 2) {
+      auto a = spread(k.n, 0), b = spread(k.n, 1);
+      EXPECT_TRUE(sameBits(split[0], k.op == lt::comm::ReduceOp::Sum ? a + b : at::maximum(a, b))) << what;
+    }
+  }
+}
+
 TEST(Groups, SpAndDpLayout) {
   // world 4 = sp 2 x dp 2: sp groups {0,1},{2,3}; dp groups {0,2},{1,3}.
   runRanks(4, 2, [](int r, lt::comm::Groups& g) {

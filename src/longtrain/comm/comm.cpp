@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -132,14 +133,20 @@ std::string Liveness::diagnose(const std::string& error) {
 
 // ---------------------------------------------------------------------------- Work
 Work::Work(c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish, const Comm* comm, std::string what)
-    : work_(std::move(w)), finish_(std::move(finish)), comm_(comm), what_(std::move(what)) {}
+    : finish_(std::move(finish)), comm_(comm), what_(std::move(what)) {
+  works_.push_back(std::move(w));
+}
+
+Work::Work(std::vector<c10::intrusive_ptr<c10d::Work>> ws, const Comm* comm, std::string what)
+    : works_(std::move(ws)), comm_(comm), what_(std::move(what)) {}
 
 void Work::wait() {
-  trace::Scope ts("collective", work_ && trace::enabled() ? what_ + " (" + comm_->name() + ")" : std::string());
-  if (work_) {
-    auto w = std::move(work_);
+  trace::Scope ts("collective", !works_.empty() && trace::enabled() ? what_ + " (" + comm_->name() + ")" : std::string());
+  if (!works_.empty()) {
+    auto ws = std::move(works_);
+    works_.clear();
     try {
-      w->wait();
+      for (auto& w : ws) w->wait();
     } catch (const std::exception& e) {
       const std::string msg = firstLine(e.what());  // c10 errors carry a backtrace
       LT_CHECK(false, what_, " on group '", comm_->name(), "' failed (timeout ",
@@ -152,7 +159,11 @@ void Work::wait() {
   }
 }
 
-bool Work::ready() const { return !work_ || work_->isCompleted(); }
+bool Work::ready() const {
+  for (const auto& w : works_)
+    if (!w->isCompleted()) return false;
+  return true;
+}
 
 // ---------------------------------------------------------------------------- Comm
 Comm::Comm(c10::intrusive_ptr<c10d::Store> store, int rank, int size, Options opts, std::string name,
@@ -167,7 +178,7 @@ Comm::Comm(c10::intrusive_ptr<c10d::Store> store, int rank, int size, Options op
   if (opts_.interfaces.empty())
     o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(opts_.hostname));
   for (const auto& i : opts_.interfaces) o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(i));
-  o->threads = 2;
+  o->threads = std::max(2, opts_.allReducePieces);  // the pieces of one all-reduce run at once
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("lt/pg/" + name_, std::move(store));
   try {
     pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, o);
@@ -197,11 +208,21 @@ static c10d::ReduceOp toC10d(ReduceOp op) {
 Work Comm::allReduce(at::Tensor t, ReduceOp op) {
   if (size_ == 1) return {};
   LT_ASSERT(t.is_contiguous());
-  std::vector<at::Tensor> ts{t};
   c10d::AllreduceOptions o;
   o.reduceOp = toC10d(op);
   o.timeout = opts_.timeout;
-  return Work(pg_->allreduce(ts, o), nullptr, this, "allReduce");
+  // Every rank splits alike (same size, op and options), so the pieces' tags match up.
+  const int64_t n = t.numel();
+  const bool split = size_ == 2 && op == ReduceOp::Sum && opts_.allReducePieces > 1 &&
+                     n * static_cast<int64_t>(t.element_size()) >= opts_.allReduceSplitBytes;
+  const int64_t pieces = split ? std::min<int64_t>(opts_.allReducePieces, n) : 1;
+  auto flat = t.view({-1});
+  std::vector<c10::intrusive_ptr<c10d::Work>> ws;
+  for (int64_t k = 0; k < pieces; ++k) {
+    std::vector<at::Tensor> ts{pieces == 1 ? t : flat.narrow(0, n * k / pieces, n * (k + 1) / pieces - n * k / pieces)};
+    ws.push_back(pg_->allreduce(ts, o));
+  }
+  return Work(std::move(ws), this, "allReduce");
 }
 
 Work Comm::allGather(at::Tensor out, at::Tensor in) {

@@ -7,6 +7,9 @@
 //   rank(s) as told by the heartbeat (see Liveness). Never a hang.
 // - Gloo in libtorch 1.13 lacks reduce_scatter: it is alltoall_base plus a local sum,
 //   the same bytes on the wire as a ring reduce-scatter.
+// - A large sum all-reduce on 2 ranks runs as concurrent all-reduces of contiguous pieces
+//   (Options::allReducePieces): one Gloo ring keeps only two 1 MiB segments in flight and
+//   idles the link between them. The result is bit-identical: each element is a + b either way.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -32,6 +35,12 @@ struct Options {
   Millis timeout{60000};
   std::string hostname{"127.0.0.1"};  // the address Gloo binds to (comm/binding.h picks it) ...
   std::vector<std::string> interfaces;  // ... unless these interfaces are named (GLOO_SOCKET_IFNAME)
+  // A sum all-reduce of at least allReduceSplitBytes on a 2-rank group runs as this many
+  // concurrent pieces (each a Gloo collective of its own, on its own Gloo worker thread); 1:
+  // never split. Only 2-rank sums: with more ranks Gloo's ring sums an element in an order
+  // that depends on where the piece boundaries fall, so the bits could change.
+  int allReducePieces = 2;
+  int64_t allReduceSplitBytes = int64_t(4) << 20;
 };
 
 // Every rank increments its own counter in the store every `interval`; when a collective
@@ -70,6 +79,8 @@ class Work {
  public:
   Work() = default;  // already complete
   Work(c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish, const Comm* comm, std::string what);
+  // One collective issued as several c10d works (allReduce's pieces); complete when all are.
+  Work(std::vector<c10::intrusive_ptr<c10d::Work>> ws, const Comm* comm, std::string what);
   Work(Work&&) = default;
   Work& operator=(Work&&) = default;
   // Waits for completion (then runs the local epilogue, if any). Throws lt::Error on failure.
@@ -78,7 +89,7 @@ class Work {
   bool ready() const;
 
  private:
-  c10::intrusive_ptr<c10d::Work> work_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;  // empty: complete
   std::function<void()> finish_;
   const Comm* comm_ = nullptr;
   std::string what_;
