@@ -34,6 +34,7 @@
 #include "longtrain/core/strings.h"
 #include "longtrain/model/generate.h"
 #include "longtrain/model/kernel_isa.h"
+#include "longtrain/offload/activation_file.h"
 #include "longtrain/plan/memory_model.h"
 #include "longtrain/report/plot.h"
 #include "longtrain/config/parse.h"
@@ -66,6 +67,7 @@ void printBreakdown(const lt::plan::MemoryBreakdown& m) {
       {"allocator retained", m.retained}};
   for (const auto& [name, b] : rows) std::printf("  %-20s %10.1f\n", name, mib(b));
   std::printf("  %-20s %10.1f\n", "total", mib(m.total()));
+  if (m.offloaded > 0) std::printf("  %-20s %10.1f (train.offload_dir, not in the total)\n", "offloaded to disk", mib(m.offloaded));
 }
 
 int cmdPlan(const std::string& configPath, int nprocFlag, const std::vector<std::string>& sets,
@@ -284,6 +286,7 @@ int cmdTrain(int argc, char** argv, const TrainFlags& fl) {
   }
   if (!resume.empty() && !inRank) (void)lt::ckpt::resolve(resume);  // fail before launching anything
   if (!inRank && !cfg.train.checkpoint.dir.empty()) lt::ckpt::checkWritable(cfg.train.checkpoint.dir);
+  if (!inRank && !cfg.train.offloadDir.empty()) (void)lt::offload::checkOffloadDir(cfg.train.offloadDir);
   LT_CHECK(fl.maxRestarts == 0 || !cfg.train.checkpoint.dir.empty(), "--max-restarts ", fl.maxRestarts,
            " needs train.checkpoint.dir (and every_steps), or a restart would start over from step 0");
   if (!inRank && (nproc > 1 || fl.maxRestarts > 0 || fl.nnodes > 1 || !fl.masterAddr.empty()))

@@ -1,5 +1,6 @@
 // The interpreter of the step program. Memory: the kept block inputs (freed as backward
-// passes them), the graphs of the blocks that keep theirs (ForwardGraph to Backward), and at
+// passes them, or written to disk after their forward and read back ahead of their backward),
+// the graphs of the blocks that keep theirs (ForwardGraph to Backward), and at
 // most one block's recompute graph at a time.
 #include "longtrain/compile/executor.h"
 
@@ -12,15 +13,16 @@
 
 namespace lt::compile {
 
-Executor::Executor(const model::Model& m, model::AttentionFn attn, Hooks hooks)
-    : model_(m), attn_(std::move(attn)), hooks_(std::move(hooks)) {}
+Executor::Executor(const model::Model& m, model::AttentionFn attn, Hooks hooks, ActivationOffload* offload)
+    : model_(m), attn_(std::move(attn)), hooks_(std::move(hooks)), offload_(offload) {}
 
 // One micro-batch's activations while the program runs.
 struct Executor::RunState {
-  RunState(const data::Batch& b, const RunOptions& o, int L)
-      : batch(b), opts(o), kept(L + 1), offloaded(L + 1, 0), graphIn(L), graphOut(L) {}
+  RunState(const data::Batch& b, const RunOptions& o, int L, const ActivationOffload* off)
+      : batch(b), opts(o), file(off), kept(L + 1), offloaded(L + 1, 0), graphIn(L), graphOut(L) {}
   const data::Batch& batch;
   const RunOptions& opts;
+  const ActivationOffload* file;  // train.offload_dir's, or null
   std::vector<at::Tensor> kept;  // kept[b] = input of block b; kept[L] = final hidden
   std::vector<char> offloaded;   // kept[b] accounted as moved to host memory
   // Blocks run by ForwardGraph: the input leaf (its grad is dL/dx_b) and the output with its graph.
@@ -32,13 +34,15 @@ struct Executor::RunState {
     int64_t n = 0;
     for (size_t b = 0; b < kept.size(); ++b)
       if (kept[b].defined() && offloaded[b] == host) n += kept[b].nbytes();
+    if (file) n += host ? file->offloadedBytes() : file->residentBytes();
     return n;
   }
 };
 
 MicroBatchStats Executor::run(const Program& p, const data::Batch& batch, const RunOptions& o) {
   LT_ASSERT(batch.shift_labels.defined(), "shift_labels must be formed before the step");
-  RunState r(batch, o, model_.numBlocks());
+  RunState r(batch, o, model_.numBlocks(), offload_);
+  if (offload_) offload_->reset();
   auto live = [&] { return r.keptBytes(false) + (hooks_.gatheredBytes ? hooks_.gatheredBytes() : 0); };
   if (o.profile) {
     o.profile->program = p;
@@ -101,6 +105,7 @@ void Executor::execute(const Instr& in, RunState& r) {
       r.graphIn[b] = r.graphOut[b] = at::Tensor();  // the graph goes with them
       break;
     case OpCode::RecomputeBackward: {
+      if (offload_ && offload_->holds(b)) r.kept[b] = offload_->take(b);
       auto x = r.kept[b].detach().requires_grad_(true);
       auto y = model_.block(b, x, r.batch.position_ids, attn_);
       y.backward(r.grad);
@@ -111,13 +116,19 @@ void Executor::execute(const Instr& in, RunState& r) {
       r.kept[b] = at::Tensor();
       break;
     case OpCode::OffloadActivation:
-      // The host is the device in this build: accounted, nothing copied. On an accelerator
-      // this is kept[b].to(kCPU, non_blocking) into pinned memory.
+      if (offload_) {  // to the file, asynchronously; the tensor is released once written
+        offload_->offload(b, r.kept[b]);
+        r.kept[b] = at::Tensor();
+        break;
+      }
+      // No file: accounted only. (On an accelerator this is where kept[b] would go to pinned
+      // host memory, non_blocking.)
       if (!r.kept[b].is_cpu()) r.kept[b] = r.kept[b].to(at::kCPU);
       r.offloaded[b] = 1;
       break;
     case OpCode::ReloadActivation:
-      r.offloaded[b] = 0;
+      if (offload_) offload_->prefetch(b);  // RecomputeBackward waits for it
+      else r.offloaded[b] = 0;
       break;
     case OpCode::EmbedBackward:
       model_.embedBackward(r.batch.input_ids, r.grad);

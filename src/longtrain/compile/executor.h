@@ -7,6 +7,7 @@
 
 #include <functional>
 
+#include "longtrain/compile/activation_offload.h"
 #include "longtrain/compile/passes.h"
 #include "longtrain/compile/program.h"
 #include "longtrain/data/data.h"
@@ -25,8 +26,10 @@ struct Hooks {
 };
 
 struct MicroBatchStats {
-  int64_t peakActivationBytes = 0;  // kept block inputs on the device, at their peak
-  int64_t offloadedBytes = 0;       // kept block inputs moved to host memory, at their peak
+  // Kept block inputs in memory, at their peak (with offload: also those still being written
+  // and those read back ahead of their backward).
+  int64_t peakActivationBytes = 0;
+  int64_t offloadedBytes = 0;  // kept block inputs offloaded (in the file with offload), at their peak
   double lossSum = 0;   // this rank's sum of token losses
   int64_t tokens = 0;   // this rank's scored tokens
   int64_t correct = 0;  // this rank's argmax hits among them
@@ -41,7 +44,9 @@ struct RunOptions {
 
 class Executor {
  public:
-  Executor(const model::Model& m, model::AttentionFn attn, Hooks hooks);
+  // `offload`: where OffloadActivation writes kept inputs (train.offload_dir); null: the
+  // instructions only account (the tensors stay in memory). Not owned.
+  Executor(const model::Model& m, model::AttentionFn attn, Hooks hooks, ActivationOffload* offload = nullptr);
   MicroBatchStats run(const Program& p, const data::Batch& batch, const RunOptions& o);
   // Forward only (for evaluation): runs the forward part of the program under no-grad.
   MicroBatchStats evaluate(const Program& p, const data::Batch& batch);
@@ -59,6 +64,7 @@ class Executor {
   const model::Model& model_;
   model::AttentionFn attn_;
   Hooks hooks_;
+  ActivationOffload* offload_;
 };
 
 }  // namespace lt::compile

@@ -129,21 +129,36 @@ Program passFreeActivations(const Program& p, const PassContext&) {
   return out;
 }
 
-// offload_activations: after Forward(b) the input of block b goes to host memory; it comes
-// back just before block b's backward (before its gather, so the copy overlaps it). Blocks
-// that keep their graph are left alone: the graph holds the input anyway.
+// offload_activations: after Forward(b) the input of block b goes to disk (OffloadActivation);
+// it is read back one block ahead, before the compute instruction that precedes block b's
+// RecomputeBackward (and that instruction's gathers), so the read overlaps the backward of
+// block b+1. The last recomputed block's input is not offloaded: it would be read back at once,
+// right after the loss. Blocks that keep their graph are left alone: the graph holds the input.
 Program passOffloadActivations(const Program& p, const PassContext&) {
-  Program out;
-  for (size_t i = 0; i < p.code.size(); ++i) {
-    const auto& in = p.code[i];
+  int last = -1;  // the block whose RecomputeBackward comes first
+  for (const auto& in : p.code)
     if (in.op == OpCode::RecomputeBackward) {
-      // Put the reload before the run of Gathers that precedes the recompute.
-      size_t k = out.code.size();
-      while (k > 0 && out.code[k - 1].op == OpCode::Gather) --k;
-      out.code.insert(out.code.begin() + k, Instr{OpCode::ReloadActivation, in.group});
+      last = in.group;
+      break;
     }
+  Program out;
+  std::vector<int> offloaded;
+  for (const auto& in : p.code) {
     out.code.push_back(in);
-    if (in.op == OpCode::Forward) out.code.push_back({OpCode::OffloadActivation, in.group});
+    if (in.op == OpCode::Forward && in.group != last) {
+      out.code.push_back({OpCode::OffloadActivation, in.group});
+      offloaded.push_back(in.group);
+    }
+  }
+  for (int b : offloaded) {
+    size_t use = 0;
+    while (use < out.code.size() && !(out.code[use].op == OpCode::RecomputeBackward && out.code[use].group == b)) ++use;
+    if (use == out.code.size()) continue;  // never recomputed (no backward): nothing to read back
+    size_t at = use;
+    while (at > 0 && !isCompute(out.code[at - 1].op)) --at;  // back to the previous compute instruction
+    if (at > 0) --at;
+    while (at > 0 && (out.code[at - 1].op == OpCode::Gather || out.code[at - 1].op == OpCode::Prefetch)) --at;
+    out.code.insert(out.code.begin() + static_cast<std::ptrdiff_t>(at), Instr{OpCode::ReloadActivation, b});
   }
   return out;
 }

@@ -100,6 +100,9 @@ struct TrainSection {
   // Refuse, before anything is allocated, a config whose predicted peak (longtrain plan's)
   // exceeds 1.2x what a rank may use; false skips the check.
   bool memoryPreflight = true;
+  // Activation offload to disk: the kept inputs of recomputed blocks go to a file in this
+  // directory after their forward and come back before their backward. "": kept in memory.
+  std::string offloadDir;
   CheckpointConfig checkpoint;
   // train.comm_timeout_s in milliseconds: the bound on every collective and on waits for peers.
   int64_t commTimeoutMs() const { return static_cast<int64_t>(commTimeoutS * 1000); }

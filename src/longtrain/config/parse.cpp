@@ -253,6 +253,7 @@ TrainSection parseTrain(JsonReader t) {
   c.commTimeoutS = t.getNum("comm_timeout_s", c.commTimeoutS, 0.1, 1e6);
   c.memoryBudget = t.getBytes("memory_budget", c.memoryBudget);
   c.memoryPreflight = t.getBool("memory_preflight", c.memoryPreflight);
+  c.offloadDir = t.getString("offload_dir", c.offloadDir);
   c.checkpoint = parseCheckpoint(t.sub("checkpoint"));
   t.finish();
   return c;

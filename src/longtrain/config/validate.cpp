@@ -64,6 +64,7 @@ void checkZero(const ZeroConfig& z) {
 }
 
 // With ZeRO-3 every schedule entry gathers parameters (the zero3 pass); without it none may.
+// offload_activations needs the file's directory.
 void checkSchedule(const Config& c) {
   if (!c.compile.schedule) return;
   const bool z3 = c.zero.stage == 3;
@@ -72,6 +73,10 @@ void checkSchedule(const Config& c) {
     LT_CHECK(has == z3, "compile.schedule: step ", e.step, ": ",
              z3 ? "zero_optimization.stage=3 needs the 'zero3' pass in every entry"
                 : "the 'zero3' pass needs zero_optimization.stage=3");
+    const bool off = std::find(e.passes.begin(), e.passes.end(), "offload_activations") != e.passes.end();
+    LT_CHECK(!off || !c.train.offloadDir.empty(), "compile.schedule: step ", e.step,
+             ": the 'offload_activations' pass needs train.offload_dir (the directory its file goes in); set it, ",
+             "which also applies the pass to every entry");
   }
 }
 

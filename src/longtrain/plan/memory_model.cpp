@@ -284,7 +284,14 @@ struct StepTerms {
   double params = 0, grads = 0, optim = 0;  // persistent (modelState)
   Bytes block, saved;  // one block's recompute + backward; what a kept graph holds
   bool attnPeak = false;
+  bool offloadToDisk = false;  // train.offload_dir
 };
+
+// train.offload_dir: the inputs of the recomputed blocks but the last (0..n-1) go to disk
+// (compile/passes.cpp offload_activations).
+int offloadedInputs(const StepTerms& t, int graphBlocks) {
+  return t.offloadToDisk ? std::max(0, static_cast<int>(t.d.L) - graphBlocks - 1) : 0;
+}
 
 StepTerms stepTerms(const config::Config& c, int world) {
   StepTerms t;
@@ -293,6 +300,7 @@ StepTerms stepTerms(const config::Config& c, int world) {
   t.z3 = c.zero.stage == 3;
   t.zero = c.zero.stage >= 1;
   t.accumulatesWhole = c.zero.stage == 1 && c.gradAccum > 1;
+  t.offloadToDisk = !c.train.offloadDir.empty();
   t.uD = d.B * d.s * d.D * kF;
   // Batch tensors: ids, labels, positions, shift_labels as int64 (the Ulysses loader
   // all-gathers the P batches and queues P shards: the same total), plus kv_recall's
@@ -315,10 +323,14 @@ StepTerms stepTerms(const config::Config& c, int world) {
 void addBackwardPhases(const StepTerms& t, int graphBlocks, std::vector<Phase>& phases) {
   const Dims& d = t.d;
   const int L = static_cast<int>(d.L), firstGraph = L - graphBlocks;
+  // With offload to disk, in memory in the backward of block b are the inputs not offloaded,
+  // b's own (taken back) and the one read ahead for b - 1.
+  const int off = offloadedInputs(t, graphBlocks);
+  auto inputsInMemory = [&](int b) { return b + 1 - std::min(b + 1, off) + (b < off) + (b >= 1 && b - 1 < off); };
   for (int b = L - 1; b >= 0; --b) {
     const int graphsBefore = std::max(0, b - firstGraph);
     Phase p;
-    p.acts.add(b + 1, t.uD);
+    p.acts.add(inputsInMemory(b), t.uD);
     p.acts.add(1, t.batch);
     for (int k = 0; k < graphsBefore; ++k) p.acts.add(t.saved);
     p.params = t.params + (t.z3 ? (1 + graphsBefore) * d.blockN * kF : 0);  // ZeRO-3: block b gathered
@@ -333,11 +345,13 @@ void addBackwardPhases(const StepTerms& t, int graphBlocks, std::vector<Phase>& 
   }
 }
 
-// LossAndGrad: every block input, the final hidden state and the kept graphs.
+// LossAndGrad: every block input (but those on disk, of which one write may still be in
+// flight), the final hidden state and the kept graphs.
 Phase lossPhase(const config::Config& c, const StepTerms& t, int graphBlocks) {
   const Dims& d = t.d;
+  const int off = offloadedInputs(t, graphBlocks);
   Phase p;
-  p.acts.add(d.L + 1, t.uD);
+  p.acts.add(d.L + 1 - off + (off > 0), t.uD);
   p.acts.add(1, t.batch);
   for (int k = 0; k < graphBlocks; ++k) p.acts.add(t.saved);
   p.params = t.params + (t.z3 ? (d.headN + graphBlocks * d.blockN) * kF : 0);
@@ -433,7 +447,9 @@ Prediction predict(const config::Config& c, int world, int graphBlocks) {
   phases.push_back(lossPhase(c, t, graphBlocks));
   if (t.zero) addZeroPhases(c, t, phases);
   else phases.push_back(dataParallelStepPhase(t));
-  return peakOf(phases);
+  Prediction out = peakOf(phases);
+  out.breakdown.offloaded = static_cast<int64_t>(offloadedInputs(t, graphBlocks) * t.uD);
+  return out;
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ struct MemoryBreakdown {
   int64_t retained = 0;     // freed blocks the allocator (glibc) keeps: a share of the largest
                             // heap-resident working set of any phase
   std::string phase;        // which phase is the peak, e.g. "backward of block 1 (attention)"
+  int64_t offloaded = 0;    // kept block inputs in train.offload_dir's file: on disk, not in total()
   int64_t total() const { return baseline + parameters + gradients + optimizer + activations + transient + retained; }
 };
 

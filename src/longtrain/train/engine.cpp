@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <ATen/Parallel.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -196,14 +197,22 @@ void Engine::buildProgram() {
   passCtx_.persistenceThresholdBytes = cfg_.zero.paramPersistenceThreshold * 4;
   passCtx_.memoryBudgetBytes = passCtx_.maxLiveBytes;
   const bool z3 = cfg_.zero.stage == 3;
-  const std::vector<std::string> fixedPasses =
+  std::vector<std::string> fixedPasses =
       z3 ? std::vector<std::string>{"zero3", "free_activations"} : std::vector<std::string>{"free_activations"};
-  if (cfg_.compile.deepcompile)
-    schedule_ = compile::Schedule(cfg_.compile.schedule ? *cfg_.compile.schedule
-                                  : z3 ? compile::defaultZero3Schedule()
-                                       : std::vector<compile::ScheduleEntry>{{0, {"free_activations"}}});
+  const bool offload = !cfg_.train.offloadDir.empty();  // train.offload_dir turns offload_activations on
+  if (offload) fixedPasses.push_back("offload_activations");
+  if (cfg_.compile.deepcompile) {
+    std::vector<compile::ScheduleEntry> entries = cfg_.compile.schedule ? *cfg_.compile.schedule
+                                                  : z3 ? compile::defaultZero3Schedule()
+                                                       : std::vector<compile::ScheduleEntry>{{0, {"free_activations"}}};
+    for (auto& e : entries)  // validate() refused the pass without the directory
+      if (offload && std::find(e.passes.begin(), e.passes.end(), "offload_activations") == e.passes.end())
+        e.passes.push_back("offload_activations");
+    schedule_ = compile::Schedule(entries);
+  }
   program_ = compile::applyPasses(base_, fixedPasses, passCtx_);
   activePasses_ = fixedPasses;
+  if (offload) makeActivationOffload();
 }
 
 // The executor with the hooks that connect the program's collectives to ZeRO or DP, and the
@@ -226,7 +235,34 @@ void Engine::buildExecutor() {
                                 ? sp::sequenceParallelAttention(groups_.spUlysses, groups_.spRing, cfg_.layout,
                                                                 groups_.sp->rank(), core, cfg_.model.attentionChunk)
                                 : core;
-  exec_ = std::make_unique<compile::Executor>(*model_, attn, std::move(hooks));
+  exec_ = std::make_unique<compile::Executor>(*model_, attn, std::move(hooks), offload_.get());
+}
+
+// One file per rank, its slots reserved now for the blocks the program offloads (a full disk
+// or an unwritable directory is found here, before any step).
+void Engine::makeActivationOffload() {
+  const auto& c = program_.code;
+  const int blocks = static_cast<int>(std::count_if(c.begin(), c.end(), [](const compile::Instr& i) {
+    return i.op == compile::OpCode::OffloadActivation;
+  }));
+  const int64_t local = cfg_.layout.paddedLength(cfg_.data.seqLen) / cfg_.layout.P;
+  const int64_t slot = cfg_.microBatch * local * cfg_.model.hidden * 4;  // [B, S/P, D] fp32
+  const std::string warning = offload::checkOffloadDir(cfg_.train.offloadDir);
+  if (blocks > 0)
+    offload_ = std::make_unique<compile::ActivationOffload>(
+        cfg_.train.offloadDir, groups_.world->rank(), slot, blocks,
+        fmt::format("{} block inputs of [{}, {}, {}] fp32", blocks, cfg_.microBatch, local, cfg_.model.hidden));
+  if (groups_.world->rank() != 0) return;
+  if (!warning.empty()) std::printf("longtrain: warning: %s\n", warning.c_str());
+  if (blocks > 0)
+    std::printf("longtrain: activation offload: %d of %lld block inputs to a file in %s (unlinked at once: it "
+                "goes with the process), %.2f MiB reserved per rank\n",
+                blocks, (long long)cfg_.model.layers, cfg_.train.offloadDir.c_str(),
+                offload_->file().reservedBytes() / 1048576.0);
+  else
+    std::printf("longtrain: activation offload: no block input to offload (%d of %lld blocks keep their graph; the "
+                "last recomputed block's input stays in memory)\n",
+                graphBlocks_, (long long)cfg_.model.layers);
 }
 
 Engine::~Engine() = default;
@@ -427,6 +463,7 @@ StepMetrics Engine::step() {
   double exposedGather = 0;
   int64_t activationPeak = 0;
   int64_t tokens = 0, correct = 0;
+  const double waited = offload_ ? offload_->waitSeconds() : 0, io = offload_ ? offload_->file().ioSeconds() : 0;
   for (int64_t j = 0; j < cfg_.gradAccum; ++j) {
     data::Batch b = nextMicroBatch();
     auto cnt = at::tensor({b.shift_labels.ne(data::kIgnoreIndex).sum().item<double>()}, at::kDouble);
@@ -465,6 +502,10 @@ StepMetrics Engine::step() {
   m.peakRssBytes = static_cast<int64_t>(peak.item<double>());
   m.exposedGatherS = exposedGather;
   m.activationPeakBytes = activationPeak;
+  if (offload_) {
+    m.offloadWaitS = offload_->waitSeconds() - waited;
+    m.offloadIoS = offload_->file().ioSeconds() - io;
+  }
   m.zero = lastZero_;
   if (!zero_) m.zero.skipped = lastSkipped_;
   m.stepTimeS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

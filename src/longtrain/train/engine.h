@@ -39,6 +39,7 @@ struct StepMetrics {
   zero::ZeroStepResult zero;  // ZeRO stages 1-3: skip, speculation and optimizer timings
   double exposedGatherS = 0;     // time the first micro-batch waited in Gather instructions
   int64_t activationPeakBytes = 0;  // kept block inputs on the device, at their peak
+  double offloadWaitS = 0, offloadIoS = 0;  // train.offload_dir: blocked on the file; the I/O thread's copies
 };
 
 struct EvalMetrics {
@@ -69,6 +70,7 @@ class Engine : public ckpt::TrainState {
   std::function<void(int64_t step, const std::vector<std::string>& passes, const compile::Program&)> onRecompile;
   const std::vector<std::string>& activePasses() const { return activePasses_; }
   const compile::Program& program() const { return program_; }
+  const compile::ActivationOffload* activationOffload() const { return offload_.get(); }  // null: none
   // This rank's GEMM rate for the dtype the model computes in, if construction measured it
   // (bf16.enabled); 0 otherwise.
   double measuredGemmPeakFlops() const { return gemmPeakFlops_; }
@@ -100,6 +102,7 @@ class Engine : public ckpt::TrainState {
   bool chooseBf16();  // bf16.enabled: whether the bf16 GEMM is faster on every rank (collective)
   int chooseGraphBlocks();  // collective: every rank takes the smallest choice
   void loadInitialWeights();  // model.init_from's safetensors into this rank's state
+  void makeActivationOffload();  // train.offload_dir: this rank's file, for the program's offloaded blocks
 
   data::Batch nextMicroBatch();  // with shift_labels; this rank's shard under SP
   void reduceGrads(int group, bool boundary);
@@ -123,6 +126,7 @@ class Engine : public ckpt::TrainState {
   compile::PassContext passCtx_;
   compile::Profile lastProfile_;
   std::vector<std::string> activePasses_;
+  std::unique_ptr<compile::ActivationOffload> offload_;  // train.offload_dir; outlives exec_
   std::unique_ptr<compile::Executor> exec_;
 
   struct PendingReduce {

@@ -259,6 +259,10 @@ class MetricsWriter {
                      {"skipped_steps", engine.skippedSteps()},
                      {"rss_bytes", currentRssBytes()},  // rank 0's, now (leak watch: with open_fds)
                      {"open_fds", openFileDescriptors()}};
+    if (engine.activationOffload()) {
+      j["offload_wait_s"] = m.offloadWaitS;
+      j["offload_io_s"] = m.offloadIoS;
+    }
     if (const zero::Zero3* z = engine.zero()) addZero(j, *z, m);
     if (ckptS >= 0) j["checkpoint_s"] = ckptS;
     if (!ckptError.empty()) j["checkpoint_error"] = ckptError;
