@@ -210,6 +210,51 @@ TEST(Preemption, SigtermCheckpointsAndResumesExactly) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
 }
 
+// SIGINT to one rank (not its launcher, as a scheduler signalling a process would): both ranks
+// stop after the same step, that step is checkpointed, and rank and launcher exit 130.
+TEST(Preemption, SigintToOneRankStopsEveryRankAfterACheckpoint) {
+  auto dir = lt::testing::freshTempDir("longtrain_preempt_int_" + std::to_string(::getpid()));
+  json j = smallConfig(3000);
+  j["sequence_parallel_size"] = 1;
+  j["train"]["checkpoint"] = {{"dir", (dir / "ck").string()}};
+  auto cfg = lt::testing::writeJsonFile(dir.filename().string(), "c.json", j);
+  const std::string metrics = (dir / "m.jsonl").string();
+  auto r = runScript(kBin + " train " + cfg.string() + " --nproc 2 --metrics " + metrics + " & L=$!; " +
+                     "for i in $(seq 1 300); do [ -s " + metrics + " ] && break; sleep 0.1; done; " +
+                     "R=$(awk -v p=$L '$4 == p { print $1 }' /proc/[0-9]*/stat 2>/dev/null | tail -n 1); kill -INT $R; wait $L; echo \"exit $?\"");
+  EXPECT_NE(r.out.find("exit 130"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("stop: Interrupt after step"), std::string::npos) << r.out;
+  const auto steps = losses(metrics).size();
+  ASSERT_GT(steps, 0u);
+  ASSERT_LT(steps, 3000u) << "the run ended before the signal";
+  EXPECT_TRUE(fs::exists(dir / "ck" / fmt::format("step-{:08d}", steps))) << r.out;
+}
+
+// A second signal, more than a second after the first, ends the run at once. One rank is
+// stopped (SIGSTOP) first, so the first signal alone could not end the run before
+// train.comm_timeout_s (60 s): the other rank waits for it at the end of its step.
+TEST(Preemption, ASecondSignalExitsAtOnce) {
+  auto dir = lt::testing::freshTempDir("longtrain_preempt_twice_" + std::to_string(::getpid()));
+  json j = smallConfig(3000);
+  j["sequence_parallel_size"] = 1;
+  j["train"]["comm_timeout_s"] = 60;
+  auto cfg = lt::testing::writeJsonFile(dir.filename().string(), "c.json", j);
+  const std::string metrics = (dir / "m.jsonl").string();
+  auto r = runScript(kBin + " train " + cfg.string() + " --nproc 2 --metrics " + metrics + " & L=$!; " +
+                     "for i in $(seq 1 300); do [ -s " + metrics + " ] && break; sleep 0.1; done; " +
+                     "R=$(awk -v p=$L '$4 == p { print $1 }' /proc/[0-9]*/stat 2>/dev/null | tail -n 1); kill -STOP $R; kill -TERM $L; sleep 1.5; " +
+                     "kill -0 $L && echo 'still running after the first signal'; " +
+                     "T0=$(date +%s%N); kill -TERM $L; wait $L; E=$?; " +
+                     "echo \"exit $E after $(( ($(date +%s%N) - T0) / 1000000 )) ms\"");
+  EXPECT_NE(r.out.find("still running after the first signal"), std::string::npos) << r.out;
+  const auto at = r.out.find("exit ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  int code = -1, ms = -1;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + at, "exit %d after %d ms", &code, &ms), 2) << r.out;
+  EXPECT_NE(code, 0) << r.out;
+  EXPECT_LT(ms, 5000) << r.out;
+}
+
 }  // namespace
 
 // A small tmpfs, mounted inside `unshare -m` (so only this test's processes see it). Fits two

@@ -85,6 +85,23 @@ TEST(Config, WrongTypeAndRange) {
   EXPECT_NE(errorOf(t).find("\"Adagrad\" is not one of \"AdamW\", \"Adam\""), std::string::npos) << errorOf(t);
 }
 
+// The kv_recall task's own rules are config rules: refused by parseConfig (before any rank is
+// launched), not by the dataset on every rank.
+TEST(Config, KvRecallTooShortOrTooManyPairsIsRefusedBeforeLaunch) {
+  json j = smallConfig();
+  j["model"]["vocab_size"] = 128;
+  j["data"]["seq_len"] = 64;
+  j["data"]["kv"] = {{"num_pairs", 16}, {"num_queries", 32}};
+  auto e = errorOf(j);
+  EXPECT_NE(e.find("data.seq_len=64 is too short for 16 pairs and 32 queries (needs at least 97)"), std::string::npos)
+      << e;
+  json k = smallConfig();
+  k["model"]["vocab_size"] = 128;
+  k["data"]["kv"] = {{"num_pairs", 40}, {"num_keys", 32}};
+  e = errorOf(k);
+  EXPECT_NE(e.find("data.kv.num_pairs=40 must be in [1, data.kv.num_keys=32]"), std::string::npos) << e;
+}
+
 TEST(Config, InconsistentBatchSizes) {
   json j = smallConfig();
   j["train_batch_size"] = 10;
