@@ -4,7 +4,7 @@
 # packages that are missing.
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build ccache pkg-config
-      libtorch-dev libgloo-dev libopenblas0-openmp libgoogle-perftools-dev
+      libtorch-dev libgloo-dev libopenblas0-openmp libgoogle-perftools-dev libdnnl-dev
       nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libsentencepiece-dev
       libgtest-dev libgmock-dev libbenchmark-dev iproute2)
 missing=()

@@ -178,34 +178,58 @@ TEST(JobIdentity, SecondJobOnAPortInUseIsRefused) {
   EXPECT_NE(r.out.find("first1 exit 0"), std::string::npos) << r.out;
 }
 
+// A 2-rank DP run of up to 3000 steps in the background (its launcher's pid in $L, a rank's in
+// $R), to be signalled by `signals` once its first step is recorded; a checkpoint dir when
+// `checkpoint`.
+struct PreemptedRun {
+  fs::path dir;
+  json config;
+  fs::path configFile;
+  std::string metrics;
+  lt::testing::CommandResult result;
+};
+
+PreemptedRun preempt(const std::string& name, bool checkpoint, double commTimeoutS, const std::string& signals) {
+  PreemptedRun p;
+  p.dir = lt::testing::freshTempDir("longtrain_preempt_" + name + "_" + std::to_string(::getpid()));
+  p.config = smallConfig(3000);
+  p.config["sequence_parallel_size"] = 1;
+  p.config["train"]["comm_timeout_s"] = commTimeoutS;
+  if (checkpoint) p.config["train"]["checkpoint"] = {{"dir", (p.dir / "ck").string()}};
+  p.configFile = lt::testing::writeJsonFile(p.dir.filename().string(), "c.json", p.config);
+  p.metrics = (p.dir / "m.jsonl").string();
+  p.result = runScript(kBin + " train " + p.configFile.string() + " --nproc 2 --metrics " + p.metrics + " & L=$!; " +
+                       "for i in $(seq 1 300); do [ -s " + p.metrics + " ] && break; sleep 0.1; done; " +
+                       "R=$(awk -v p=$L '$4 == p { print $1 }' /proc/[0-9]*/stat 2>/dev/null | tail -n 1); " +
+                       signals);
+  return p;
+}
+
+// The steps run before the stop, each checked to have a checkpoint of the last.
+size_t stepsCheckpointed(const PreemptedRun& p) {
+  const auto steps = losses(p.metrics).size();
+  EXPECT_GT(steps, 0u);
+  EXPECT_LT(steps, 3000u) << "the run ended before the signal";
+  EXPECT_TRUE(fs::exists(p.dir / "ck" / fmt::format("step-{:08d}", steps))) << p.result.out;
+  return steps;
+}
+
 // SIGTERM to the launcher: every rank finishes its step, one checkpoint is saved, the exit code
 // is 143, and --resume continues to the same losses as an uninterrupted run.
 TEST(Preemption, SigtermCheckpointsAndResumesExactly) {
-  auto dir = lt::testing::freshTempDir("longtrain_preempt_" + std::to_string(::getpid()));
-  json j = smallConfig(3000);
-  j["sequence_parallel_size"] = 1;
-  j["train"]["checkpoint"] = {{"dir", (dir / "ck").string()}};
-  auto cfg = lt::testing::writeJsonFile(dir.filename().string(), "c.json", j);
-  const std::string metrics = (dir / "m.jsonl").string();
-  auto r = runScript(kBin + " train " + cfg.string() + " --nproc 2 --metrics " + metrics + " & L=$!; " +
-                      "for i in $(seq 1 300); do [ -s " + metrics + " ] && break; sleep 0.1; done; sleep 0.3; " +
-                      "kill -TERM $L; wait $L; echo \"exit $?\"");
-  EXPECT_NE(r.out.find("exit 143"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("stop: Terminated after step"), std::string::npos) << r.out;
-  const auto before = losses(metrics);
-  ASSERT_GT(before.size(), 0u);
-  ASSERT_LT(before.size(), 3000u) << "the run ended before the signal";
-  EXPECT_TRUE(fs::exists(dir / "ck" / fmt::format("step-{:08d}", before.size()))) << r.out;
-  j["train"]["steps"] = static_cast<int>(before.size()) + 5;
-  cfg = lt::testing::writeJsonFile(dir.filename().string(), "c.json", j);
-  auto resumed = runCommand(kBin + " train " + cfg.string() + " --nproc 2 --resume --metrics " + metrics);
+  auto p = preempt("term", true, 5, "sleep 0.3; kill -TERM $L; wait $L; echo \"exit $?\"");
+  EXPECT_NE(p.result.out.find("exit 143"), std::string::npos) << p.result.out;
+  EXPECT_NE(p.result.out.find("stop: Terminated after step"), std::string::npos) << p.result.out;
+  json j = p.config;
+  j["train"]["steps"] = static_cast<int>(stepsCheckpointed(p)) + 5;
+  auto cfg = lt::testing::writeJsonFile(p.dir.filename().string(), "c.json", j);
+  auto resumed = runCommand(kBin + " train " + cfg.string() + " --nproc 2 --resume --metrics " + p.metrics);
   ASSERT_EQ(resumed.code, 0) << resumed.out;
-  json plain = j;
-  plain["train"].erase("checkpoint");
-  auto pcfg = lt::testing::writeJsonFile(dir.filename().string(), "plain.json", plain);
-  auto one = runCommand(kBin + " train " + pcfg.string() + " --nproc 2 --metrics " + (dir / "one.jsonl").string());
+  j["train"].erase("checkpoint");
+  auto plain = lt::testing::writeJsonFile(p.dir.filename().string(), "plain.json", j);
+  auto one = runCommand(kBin + " train " + plain.string() + " --nproc 2 --metrics " + (p.dir / "one.jsonl").string());
   ASSERT_EQ(one.code, 0) << one.out;
-  const auto a = losses(metrics), b = losses(dir / "one.jsonl");
+  const auto a = losses(p.metrics), b = losses(p.dir / "one.jsonl");
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
 }
@@ -213,46 +237,28 @@ TEST(Preemption, SigtermCheckpointsAndResumesExactly) {
 // SIGINT to one rank (not its launcher, as a scheduler signalling a process would): both ranks
 // stop after the same step, that step is checkpointed, and rank and launcher exit 130.
 TEST(Preemption, SigintToOneRankStopsEveryRankAfterACheckpoint) {
-  auto dir = lt::testing::freshTempDir("longtrain_preempt_int_" + std::to_string(::getpid()));
-  json j = smallConfig(3000);
-  j["sequence_parallel_size"] = 1;
-  j["train"]["checkpoint"] = {{"dir", (dir / "ck").string()}};
-  auto cfg = lt::testing::writeJsonFile(dir.filename().string(), "c.json", j);
-  const std::string metrics = (dir / "m.jsonl").string();
-  auto r = runScript(kBin + " train " + cfg.string() + " --nproc 2 --metrics " + metrics + " & L=$!; " +
-                     "for i in $(seq 1 300); do [ -s " + metrics + " ] && break; sleep 0.1; done; " +
-                     "R=$(awk -v p=$L '$4 == p { print $1 }' /proc/[0-9]*/stat 2>/dev/null | tail -n 1); kill -INT $R; wait $L; echo \"exit $?\"");
-  EXPECT_NE(r.out.find("exit 130"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("stop: Interrupt after step"), std::string::npos) << r.out;
-  const auto steps = losses(metrics).size();
-  ASSERT_GT(steps, 0u);
-  ASSERT_LT(steps, 3000u) << "the run ended before the signal";
-  EXPECT_TRUE(fs::exists(dir / "ck" / fmt::format("step-{:08d}", steps))) << r.out;
+  auto p = preempt("int", true, 5, "kill -INT $R; wait $L; echo \"exit $?\"");
+  EXPECT_NE(p.result.out.find("exit 130"), std::string::npos) << p.result.out;
+  EXPECT_NE(p.result.out.find("stop: Interrupt after step"), std::string::npos) << p.result.out;
+  stepsCheckpointed(p);
 }
 
 // A second signal, more than a second after the first, ends the run at once. One rank is
 // stopped (SIGSTOP) first, so the first signal alone could not end the run before
 // train.comm_timeout_s (60 s): the other rank waits for it at the end of its step.
 TEST(Preemption, ASecondSignalExitsAtOnce) {
-  auto dir = lt::testing::freshTempDir("longtrain_preempt_twice_" + std::to_string(::getpid()));
-  json j = smallConfig(3000);
-  j["sequence_parallel_size"] = 1;
-  j["train"]["comm_timeout_s"] = 60;
-  auto cfg = lt::testing::writeJsonFile(dir.filename().string(), "c.json", j);
-  const std::string metrics = (dir / "m.jsonl").string();
-  auto r = runScript(kBin + " train " + cfg.string() + " --nproc 2 --metrics " + metrics + " & L=$!; " +
-                     "for i in $(seq 1 300); do [ -s " + metrics + " ] && break; sleep 0.1; done; " +
-                     "R=$(awk -v p=$L '$4 == p { print $1 }' /proc/[0-9]*/stat 2>/dev/null | tail -n 1); kill -STOP $R; kill -TERM $L; sleep 1.5; " +
-                     "kill -0 $L && echo 'still running after the first signal'; " +
-                     "T0=$(date +%s%N); kill -TERM $L; wait $L; E=$?; " +
-                     "echo \"exit $E after $(( ($(date +%s%N) - T0) / 1000000 )) ms\"");
-  EXPECT_NE(r.out.find("still running after the first signal"), std::string::npos) << r.out;
-  const auto at = r.out.find("exit ");
-  ASSERT_NE(at, std::string::npos) << r.out;
+  auto p = preempt("twice", false, 60,
+                   "kill -STOP $R; kill -TERM $L; sleep 1.5; kill -0 $L && echo 'still running after the first signal'; "
+                   "T0=$(date +%s%N); kill -TERM $L; wait $L; E=$?; "
+                   "echo \"exit $E after $(( ($(date +%s%N) - T0) / 1000000 )) ms\"");
+  const std::string& out = p.result.out;
+  EXPECT_NE(out.find("still running after the first signal"), std::string::npos) << out;
+  const auto at = out.find("exit ");
+  ASSERT_NE(at, std::string::npos) << out;
   int code = -1, ms = -1;
-  ASSERT_EQ(std::sscanf(r.out.c_str() + at, "exit %d after %d ms", &code, &ms), 2) << r.out;
-  EXPECT_NE(code, 0) << r.out;
-  EXPECT_LT(ms, 5000) << r.out;
+  ASSERT_EQ(std::sscanf(out.c_str() + at, "exit %d after %d ms", &code, &ms), 2) << out;
+  EXPECT_NE(code, 0) << out;
+  EXPECT_LT(ms, 5000) << out;
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ TEST(BlasKernel, BetterCoreForEachIsa) {
 
 TEST(BlasKernel, ThisProcessComputesRightAndIsNotBelowTheCpuThroughTheCli) {
   // The test binary does not re-execute itself; the longtrain binary does.
-  EXPECT_LE(lt::train::blasRelativeError(), Tol::kBlasKernel);
+  EXPECT_LE(lt::train::gemmRelativeError(), Tol::kBlasKernel);
   auto r = lt::testing::runCommand(std::string(LONGTRAIN_BIN) + " info --threads 1");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("gemm relative error"), std::string::npos) << r.out;

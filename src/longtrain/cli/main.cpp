@@ -304,14 +304,21 @@ int cmdInfo(int threads) {
   if (const std::string c = lt::blasConfig(); !c.empty()) std::printf("blas config: %s\n", c.c_str());
   std::printf("allocator: %s\n", lt::allocatorName().c_str());
   std::printf("threads: %d\n", at::get_num_threads());
-  std::printf("gemm peak: %.1f GFLOP/s (fp32, 1024^3, best of several)\n", lt::train::measureGemmPeakFlops() / 1e9);
+  std::printf("gemm peak: %.1f GFLOP/s (fp32 through the BLAS, 1024^3, best of several)\n",
+              lt::train::measureGemmPeakFlops() / 1e9);
+  std::printf("gemm peak onednn: %.1f GFLOP/s (fp32, oneDNN's sgemm; model.gemm \"auto\" takes it where the BLAS kernel is below the CPU)\n",
+              lt::train::measureGemmPeakFlops(lt::model::GemmRoute::OneDnn) / 1e9);
   std::printf("gemm peak bf16: %.1f GFLOP/s (libtorch's oneDNN; bf16.enabled uses it only where it is faster)\n",
-              lt::train::measureGemmPeakFlops(true) / 1e9);
+              lt::train::measureGemmPeakFlops(lt::model::GemmRoute::Bf16) / 1e9);
   std::printf("fused kernels: %s (attention, RMSNorm, SwiGLU)\n", lt::model::kernelIsaName(lt::model::kernelBestIsa()));
-  const double err = lt::train::blasRelativeError();
+  const double err = lt::train::gemmRelativeError();
   std::printf("gemm relative error: %.3g (against a double-precision loop; fp32 expects < 1e-5)\n", err);
   LT_CHECK(err < 1e-5, "the BLAS kernel ", blas.core, " computes wrong results here (relative error ", err,
            "); set OPENBLAS_CORETYPE to an older kernel (e.g. Haswell or Prescott)");
+  const double oneDnnErr = lt::train::gemmRelativeError(lt::model::GemmRoute::OneDnn);
+  std::printf("gemm relative error onednn: %.3g\n", oneDnnErr);
+  LT_CHECK(oneDnnErr < 1e-5, "oneDNN's sgemm computes wrong results here (relative error ", oneDnnErr,
+           "); set model.gemm=\"blas\"");
   return 0;
 }
 

@@ -38,6 +38,10 @@ struct ModelConfig {
   // Set by the engine, not parsed. GEMMs (projections, MLP, LM head) in bf16 with fp32
   // outputs (bf16.enabled, when the CPU's bf16 GEMM is faster); the rest stays fp32.
   bool bf16Compute = false;
+  // fp32 GEMMs: "blas" (ATen's: OpenBLAS), "onednn" (oneDNN's sgemm, its kernel chosen from
+  // cpuid) or "auto": whichever the engine measures faster on every rank at start-up.
+  std::string gemm = "auto";
+  bool oneDnnGemm = false;  // set by the engine from `gemm`, not parsed
   // Set by the engine from data.packing "documents": attention is block-diagonal causal over
   // the documents the position ids mark (they restart at 0 at each document's first token).
   bool packedDocuments = false;

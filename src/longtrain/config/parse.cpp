@@ -199,6 +199,7 @@ ModelConfig parseModel(JsonReader m) {
   mc.lossChunk = m.getInt("loss_chunk", mc.lossChunk, 0, kBig);
   mc.tiledMlp = m.getBool("tiled_mlp", mc.tiledMlp);
   mc.fusedKernels = m.getBool("fused_kernels", mc.fusedKernels);
+  mc.gemm = m.getEnum("gemm", mc.gemm, {"auto", "blas", "onednn"});
   m.finish();
   return mc;
 }

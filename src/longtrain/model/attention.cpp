@@ -112,31 +112,31 @@ struct ChunkedFn : torch::autograd::Function<ChunkedFn> {
 
 at::Tensor mlp(const at::Tensor& x, const at::Tensor& wGate, const at::Tensor& wUp, const at::Tensor& wDown,
                MlpOptions o) {
-  if (o.fused) return linear(fusedSwiglu(linear(x, at::cat({wGate, wUp}), o.bf16)), wDown, o.bf16);
-  return linear(at::silu(linear(x, wGate, o.bf16)) * linear(x, wUp, o.bf16), wDown, o.bf16);
+  if (o.fused) return linear(fusedSwiglu(linear(x, at::cat({wGate, wUp}), o.gemm)), wDown, o.gemm);
+  return linear(at::silu(linear(x, wGate, o.gemm)) * linear(x, wUp, o.gemm), wDown, o.gemm);
 }
 
 struct TiledMlpFn : torch::autograd::Function<TiledMlpFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& wGate,
-                            const at::Tensor& wUp, const at::Tensor& wDown, int64_t shards, bool fused, bool bf16) {
+                            const at::Tensor& wUp, const at::Tensor& wDown, int64_t shards, bool fused, int64_t gemm) {
     at::NoGradGuard ng;
     const int64_t S = x.size(1), len = (S + shards - 1) / shards;
     auto out = at::empty_like(x);
     for (int64_t s0 = 0; s0 < S; s0 += len) {
       const int64_t s1 = std::min(S, s0 + len);
-      out.slice(1, s0, s1).copy_(mlp(x.slice(1, s0, s1), wGate, wUp, wDown, {fused, bf16}));
+      out.slice(1, s0, s1).copy_(mlp(x.slice(1, s0, s1), wGate, wUp, wDown, {fused, static_cast<GemmRoute>(gemm)}));
     }
     ctx->save_for_backward({x, wGate, wUp, wDown});
     ctx->saved_data["len"] = len;
     ctx->saved_data["fused"] = fused;
-    ctx->saved_data["bf16"] = bf16;
+    ctx->saved_data["gemm"] = gemm;
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const int64_t S = saved[0].size(1), len = ctx->saved_data["len"].toInt();
-    const MlpOptions o{ctx->saved_data["fused"].toBool(), ctx->saved_data["bf16"].toBool()};
+    const MlpOptions o{ctx->saved_data["fused"].toBool(), static_cast<GemmRoute>(ctx->saved_data["gemm"].toInt())};
     auto dx = at::empty_like(saved[0]);
     std::vector<at::Tensor> dw{at::zeros_like(saved[1]), at::zeros_like(saved[2]), at::zeros_like(saved[3])};
     at::AutoGradMode on(true);
@@ -160,7 +160,7 @@ at::Tensor tiledMlp(const at::Tensor& x, const at::Tensor& wGate, const at::Tens
                     int64_t shards, MlpOptions options) {
   LT_ASSERT(shards >= 1);
   if (shards == 1) return mlp(x, wGate, wUp, wDown, options);
-  return TiledMlpFn::apply(x, wGate, wUp, wDown, shards, options.fused, options.bf16);
+  return TiledMlpFn::apply(x, wGate, wUp, wDown, shards, options.fused, static_cast<int64_t>(options.gemm));
 }
 
 at::Tensor chunkedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk,

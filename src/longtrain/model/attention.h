@@ -5,6 +5,8 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include "longtrain/model/gemm.h"
+
 namespace lt::model {
 
 // q [B, S, H, Dh], k and v [B, S, KV, Dh] -> [B, S, H, Dh]; blocks of `chunk` rows and columns
@@ -18,7 +20,7 @@ at::Tensor chunkedAttention(const at::Tensor& q, const at::Tensor& k, const at::
 // them shard by shard. x [B, S, D] -> [B, S, D].
 struct MlpOptions {
   bool fused = false;  // gate and up as one GEMM and the fused SwiGLU (fused_ops.h); else ATen's
-  bool bf16 = false;   // the GEMMs in bf16 (model::linear)
+  GemmRoute gemm = GemmRoute::Blas;  // how its GEMMs run (model::linear)
 };
 at::Tensor tiledMlp(const at::Tensor& x, const at::Tensor& wGate, const at::Tensor& wUp, const at::Tensor& wDown,
                     int64_t shards, MlpOptions options = {});

@@ -11,6 +11,7 @@
 #include "longtrain/model/attention.h"
 #include "longtrain/model/fused_attention.h"
 #include "longtrain/model/fused_ops.h"
+#include "longtrain/model/gemm.h"
 
 namespace lt::model {
 
@@ -64,10 +65,10 @@ at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
   return at::matmul(p, vt).transpose(1, 2);  // [B, S, H, Dh]
 }
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, bool bf16) {
-  if (!bf16) return at::linear(x, w);
-  return at::linear(x.to(at::kBFloat16), w.to(at::kBFloat16)).to(at::kFloat);
+GemmRoute gemmRoute(const ModelConfig& c) {
+  return c.bf16Compute ? GemmRoute::Bf16 : c.oneDnnGemm ? GemmRoute::OneDnn : GemmRoute::Blas;
 }
+
 
 AttentionFn attentionCore(const ModelConfig& cfg) {
   const int64_t tile = cfg.attentionChunk;
@@ -169,7 +170,8 @@ void Model::embedBackward(const at::Tensor& ids, const at::Tensor& gradOut) cons
 at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const AttentionFn& attn) const {
   const auto& k = blocks_[b];
   const int64_t B = x.size(0), S = x.size(1), H = cfg_.heads, KV = cfg_.kvHeads, Dh = cfg_.headDim();
-  const bool fused = cfg_.fusedKernels, bf16 = cfg_.bf16Compute;
+  const bool fused = cfg_.fusedKernels;
+  const GemmRoute gemm = gemmRoute(cfg_);
   auto norm = [&](const at::Tensor& t, const at::Tensor& w) {
     return fused ? fusedRmsNorm(t, w, cfg_.normEps) : rmsNorm(t, w, cfg_.normEps);
   };
@@ -177,14 +179,14 @@ at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const
   at::Tensor q, kk, v;
   if (fused) {  // one GEMM against [wq; wk; wv], then views of its columns
     const int64_t D = cfg_.hidden, kvDim = KV * Dh;
-    auto qkv = linear(h, at::cat({k.wq, k.wk, k.wv}), bf16);
+    auto qkv = linear(h, at::cat({k.wq, k.wk, k.wv}), gemm);
     q = qkv.narrow(-1, 0, D).reshape({B, S, H, Dh});
     kk = qkv.narrow(-1, D, kvDim).reshape({B, S, KV, Dh});
     v = qkv.narrow(-1, D + kvDim, kvDim).reshape({B, S, KV, Dh});
   } else {
-    q = linear(h, k.wq, bf16).view({B, S, H, Dh});
-    kk = linear(h, k.wk, bf16).view({B, S, KV, Dh});
-    v = linear(h, k.wv, bf16).view({B, S, KV, Dh});
+    q = linear(h, k.wq, gemm).view({B, S, H, Dh});
+    kk = linear(h, k.wk, gemm).view({B, S, KV, Dh});
+    v = linear(h, k.wv, gemm).view({B, S, KV, Dh});
   }
   if (fused) {
     auto [cos, sin] = ropeTableFor(pos);
@@ -195,11 +197,11 @@ at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const
     kk = rope(kk, pos, cfg_.ropeTheta, cfg_.ropeScaling);
   }
   auto a = attn(q, kk, v, cfg_.packedDocuments ? pos : at::Tensor()).reshape({B, S, H * Dh});
-  auto x1 = x + linear(a, k.wo, bf16);
+  auto x1 = x + linear(a, k.wo, gemm);
   auto m = norm(x1, k.mlpNorm);
   // DeepSpeed's default shard count; every SP rank holds S/P tokens, so all agree on it.
   const int64_t shards = cfg_.tiledMlp ? std::max<int64_t>(1, (S + cfg_.hidden - 1) / cfg_.hidden) : 1;
-  return x1 + tiledMlp(m, k.wGate, k.wUp, k.wDown, shards, {fused, bf16});
+  return x1 + tiledMlp(m, k.wGate, k.wUp, k.wDown, shards, {fused, gemm});
 }
 
 std::pair<at::Tensor, at::Tensor> Model::ropeTableFor(const at::Tensor& pos) const {
@@ -213,7 +215,7 @@ std::pair<at::Tensor, at::Tensor> Model::ropeTableFor(const at::Tensor& pos) con
 
 at::Tensor Model::logits(const at::Tensor& x) const {
   auto h = cfg_.fusedKernels ? fusedRmsNorm(x, finalNorm_, cfg_.normEps) : rmsNorm(x, finalNorm_, cfg_.normEps);
-  return linear(h, lmHead_.defined() ? lmHead_ : embed_, cfg_.bf16Compute);
+  return linear(h, lmHead_.defined() ? lmHead_ : embed_, gemmRoute(cfg_));
 }
 
 at::Tensor Model::forward(const at::Tensor& ids, const at::Tensor& pos, const AttentionFn& attn) const {
@@ -242,10 +244,10 @@ at::Tensor Model::decodeBlock(int b, const at::Tensor& x, const at::Tensor& pos,
   const int64_t B = x.size(0), T = x.size(1), H = cfg_.heads, KV = cfg_.kvHeads, Dh = cfg_.headDim();
   const int64_t past = cache.length, total = past + T;
   auto h = norm(x, k.attnNorm);
-  auto q = rope(linear(h, k.wq, cfg_.bf16Compute).view({B, T, H, Dh}), pos, cfg_.ropeTheta, cfg_.ropeScaling);
+  auto q = rope(linear(h, k.wq, gemmRoute(cfg_)).view({B, T, H, Dh}), pos, cfg_.ropeTheta, cfg_.ropeScaling);
   cache.k[b].narrow(1, past, T).copy_(
-      rope(linear(h, k.wk, cfg_.bf16Compute).view({B, T, KV, Dh}), pos, cfg_.ropeTheta, cfg_.ropeScaling));
-  cache.v[b].narrow(1, past, T).copy_(linear(h, k.wv, cfg_.bf16Compute).view({B, T, KV, Dh}));
+      rope(linear(h, k.wk, gemmRoute(cfg_)).view({B, T, KV, Dh}), pos, cfg_.ropeTheta, cfg_.ropeScaling));
+  cache.v[b].narrow(1, past, T).copy_(linear(h, k.wv, gemmRoute(cfg_)).view({B, T, KV, Dh}));
   auto keys = cache.k[b].narrow(1, 0, total), values = cache.v[b].narrow(1, 0, total);
   if (KV != H) {
     keys = keys.repeat_interleave(H / KV, 2);
@@ -255,8 +257,8 @@ at::Tensor Model::decodeBlock(int b, const at::Tensor& x, const at::Tensor& pos,
   auto rows = at::arange(past, total, at::kLong).unsqueeze(1), cols = at::arange(total, at::kLong).unsqueeze(0);
   scores = scores.masked_fill(cols > rows, -std::numeric_limits<float>::infinity());  // [B, H, T, total]
   auto a = at::matmul(at::softmax(scores, -1), values.transpose(1, 2)).transpose(1, 2).reshape({B, T, H * Dh});
-  auto x1 = x + linear(a, k.wo, cfg_.bf16Compute);
-  return x1 + tiledMlp(norm(x1, k.mlpNorm), k.wGate, k.wUp, k.wDown, 1, {cfg_.fusedKernels, cfg_.bf16Compute});
+  auto x1 = x + linear(a, k.wo, gemmRoute(cfg_));
+  return x1 + tiledMlp(norm(x1, k.mlpNorm), k.wGate, k.wUp, k.wDown, 1, {cfg_.fusedKernels, gemmRoute(cfg_)});
 }
 
 at::Tensor Model::decode(const at::Tensor& ids, KvCache& cache) const {

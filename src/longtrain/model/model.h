@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "longtrain/config/model_config.h"
+#include "longtrain/model/gemm.h"
 
 namespace lt::model {
 
@@ -34,8 +35,8 @@ at::Tensor ropeInverseFrequencies(int64_t headDim, double theta, const RopeScali
 using AttentionFn = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              const at::Tensor& packedPositions)>;
 
-// x W^T, in bf16 (operands cast, fp32 result) when `bf16`; differentiable in both.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, bool bf16);
+// The route the engine chose for the model's GEMMs (model.gemm, bf16.enabled); see gemm.h.
+GemmRoute gemmRoute(const ModelConfig& c);
 
 // The attention core cfg.attention names, with its tile (cfg.attentionChunk).
 AttentionFn attentionCore(const ModelConfig& cfg);

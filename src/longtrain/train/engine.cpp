@@ -15,6 +15,7 @@
 
 #include "longtrain/ckpt/hf_llama.h"
 #include "longtrain/core/check.h"
+#include "longtrain/core/cpu.h"
 #include "longtrain/data/tokenizer.h"
 #include "longtrain/core/memory.h"
 #include "longtrain/model/attention.h"
@@ -98,6 +99,7 @@ Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg
   LT_ASSERT(lay.R == 1 || (groups_.spRing && groups_.spRing->size() == lay.R), "the config resolves SP to ",
             lay.describe(), " but comm::makeGroups was given no ring degree ", lay.R);
   if (cfg_.bf16) cfg_.model.bf16Compute = chooseBf16();
+  if (!cfg_.model.bf16Compute) cfg_.model.oneDnnGemm = chooseOneDnnGemm();
   cfg_.model.packedDocuments = cfg_.data.packing == "documents";
   // With init_from the weights come from its safetensors (loadInitialWeights, below).
   model_ = std::make_unique<model::Model>(cfg_.model, cfg_.seed, /*initialize=*/cfg_.model.initFrom.empty());
@@ -268,7 +270,7 @@ void Engine::makeActivationOffload() {
 Engine::~Engine() = default;
 
 bool Engine::chooseBf16() {
-  const double fp32 = measureGemmPeakFlops(false), bf16 = measureGemmPeakFlops(true);
+  const double fp32 = measureGemmPeakFlops(model::GemmRoute::Blas), bf16 = measureGemmPeakFlops(model::GemmRoute::Bf16);
   // Every rank must build the same model: bf16 only if it is faster on every rank.
   auto t = at::tensor({bf16 > fp32 || !cfg_.bf16OnlyIfFaster ? 1.0 : 0.0}, at::kDouble);
   groups_.world->allReduce(t, comm::ReduceOp::Min).wait();
@@ -280,6 +282,15 @@ bool Engine::chooseBf16() {
                 use ? "GEMMs run in bf16, weights and optimizer in fp32"
                     : "bf16 is slower here, training runs in fp32 (bf16.only_if_faster=false forces bf16)");
   return use;
+}
+
+// model.gemm: "blas" / "onednn" as told; "auto": oneDNN's sgemm where the BLAS kernel is
+// below what the CPU supports (OPENBLAS_CORETYPE pinned to an older kernel, or a CPU OpenBLAS
+// does not know). A rule, not a start-up race between the two: a timing on a busy machine
+// could pick differently from one run to the next, and a resumed run must compute the same bits.
+bool Engine::chooseOneDnnGemm() {
+  if (cfg_.model.gemm != "auto") return cfg_.model.gemm == "onednn";
+  return blasKernelReport().belowCpu;
 }
 
 int Engine::chooseGraphBlocks() {

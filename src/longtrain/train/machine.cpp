@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "longtrain/core/check.h"
+
 namespace lt::train {
 
 double modelFlopsPerToken(const model::ModelConfig& m, int64_t seqLen) {
@@ -17,16 +19,20 @@ double modelFlopsPerToken(const model::ModelConfig& m, int64_t seqLen) {
   return 6 * matmulParams + 6 * static_cast<double>(m.layers) * static_cast<double>(seqLen) * static_cast<double>(m.hidden);
 }
 
-double measureGemmPeakFlops(bool bf16) {
+double measureGemmPeakFlops(model::GemmRoute route) {
   constexpr int64_t n = 1024;
-  const auto type = bf16 ? at::kBFloat16 : at::kFloat;
+  const auto type = route == model::GemmRoute::Bf16 ? at::kBFloat16 : at::kFloat;
   auto a = at::randn({n, n}).to(type), b = at::randn({n, n}).to(type), c = at::empty({n, n}, type);
-  at::mm_out(c, a, b);  // warm-up: thread pool, page faults, packing buffers
+  auto mm = [&] {
+    if (route == model::GemmRoute::OneDnn) model::oneDnnMatmul(a, b, c);
+    else at::mm_out(c, a, b);
+  };
+  mm();  // warm-up: thread pool, page faults, packing buffers
   double best = 0;
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < 8; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    at::mm_out(c, a, b);
+    mm();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, 2.0 * n * n * n / s);
     if (i >= 2 && std::chrono::steady_clock::now() - start > std::chrono::milliseconds(300)) break;
@@ -34,13 +40,16 @@ double measureGemmPeakFlops(bool bf16) {
   return best;
 }
 
-double blasRelativeError() {
+double gemmRelativeError(model::GemmRoute route) {
+  LT_ASSERT(route != model::GemmRoute::Bf16, "gemmRelativeError checks fp32 routes");
   double worst = 0;
   const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {65, 33, 129}, {200, 177, 131}, {1, 300, 257}};
   for (const auto& s : shapes) {
     const int64_t M = s[0], K = s[1], N = s[2];
     auto a = at::randn({M, K}), b = at::randn({K, N});
-    auto c = at::mm(a, b).contiguous();
+    auto c = at::empty({M, N});
+    if (route == model::GemmRoute::OneDnn) model::oneDnnMatmul(a, b, c);
+    else c = at::mm(a, b).contiguous();
     const float *pa = a.data_ptr<float>(), *pb = b.data_ptr<float>(), *pc = c.data_ptr<float>();
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) {

@@ -16,12 +16,14 @@ namespace lt::train {
 //                                                   multiply-add, x3 for backward, halved by the mask
 double modelFlopsPerToken(const model::ModelConfig& m, int64_t seqLen);
 
-// Best-of-several GEMM rate (FLOP/s) at the current at::get_num_threads(), fp32 or bf16
-// (libtorch's bf16 GEMM is oneDNN's: AVX512_BF16 / AMX where the CPU has them, slow elsewhere).
-double measureGemmPeakFlops(bool bf16 = false);
+// Best-of-several GEMM rate (FLOP/s) at the current at::get_num_threads() by `route`: fp32
+// through ATen (OpenBLAS) or oneDNN's sgemm, or bf16 (libtorch's bf16 GEMM is oneDNN's:
+// AVX512_BF16 / AMX where the CPU has them, slow elsewhere).
+double measureGemmPeakFlops(model::GemmRoute route = model::GemmRoute::Blas);
 
-// Largest error of at::mm against a double-precision loop, over odd shapes that exercise
-// the kernel's edge paths, relative to sum_k |a_ik| |b_kj| (the bound fp32 error scales with).
-double blasRelativeError();
+// Largest error of an fp32 GEMM route (at::mm, or oneDNN's sgemm) against a double-precision
+// loop, over odd shapes that exercise the kernel's edge paths, relative to sum_k |a_ik| |b_kj|
+// (the bound fp32 error scales with).
+double gemmRelativeError(model::GemmRoute route = model::GemmRoute::Blas);
 
 }  // namespace lt::train

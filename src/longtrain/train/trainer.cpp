@@ -203,7 +203,7 @@ void resume(Engine& engine, const std::string& from, bool lead) {
 // (bf16 GEMMs: against the bf16 peak, which the engine measured when it chose bf16.)
 double jobGemmPeak(Engine& engine) {
   const double mine = engine.measuredGemmPeakFlops() > 0 ? engine.measuredGemmPeakFlops()
-                                                          : measureGemmPeakFlops(engine.config().model.bf16Compute);
+                                                          : measureGemmPeakFlops(model::gemmRoute(engine.config().model));
   auto t = at::tensor({mine}, at::kDouble);
   engine.groups().world->allReduce(t).wait();
   return t.item<double>();
@@ -216,7 +216,7 @@ void printBanner(const Engine& engine, double gemmPeak, double flopsPerToken, bo
   std::printf("longtrain: blas core=%s (%s), %d threads/rank, %s GEMM peak %.1f GFLOP/s over all ranks "
               "(measured), allocator %s, %.3g model GFLOP/token\n",
               blas.core.empty() ? "unknown" : blas.core.c_str(), blas.describe().c_str(), at::get_num_threads(),
-              cfg.model.bf16Compute ? "bf16" : "fp32", gemmPeak / 1e9, allocatorName().c_str(), flopsPerToken / 1e9);
+              cfg.model.bf16Compute ? "bf16" : cfg.model.oneDnnGemm ? "fp32 (oneDNN)" : "fp32", gemmPeak / 1e9, allocatorName().c_str(), flopsPerToken / 1e9);
   std::printf("longtrain: %d rank(s) (sp=%d: %s, dp=%d), model %.2fM params (%lld layers, hidden %lld), data %s\n",
               g.world->size(), g.sp->size(), cfg.layout.describe().c_str(), g.dp->size(), cfg.model.numParams() / 1e6,
               (long long)cfg.model.layers, (long long)cfg.model.hidden, engine.dataset().describe().c_str());

@@ -1,0 +1,25 @@
+// The model's fp32 GEMMs through oneDNN's sgemm, beside ATen's (OpenBLAS). Non-obvious:
+// oneDNN picks its kernel from cpuid at run time (AVX-512 wherever the CPU has it), so it
+// does not depend on OPENBLAS_CORETYPE, which some machines must pin to an older kernel
+// (OpenBLAS 0.3.21 computes wrong results on CPUs it does not know). The engine takes this
+// route only where it measures faster (model.gemm "auto"); libtorch links the same libdnnl.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+namespace lt::model {
+
+// How a GEMM runs: ATen's fp32 (OpenBLAS), oneDNN's fp32 sgemm, or bf16 operands with an
+// fp32 result (ATen's, which is oneDNN's).
+enum class GemmRoute { Blas, OneDnn, Bf16 };
+
+// x W^T by `route`, differentiable in both: the model's projections, MLP and LM head.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, GemmRoute route);
+
+// y = x w^T over x's last dimension (at::linear without a bias), differentiable in x and w.
+// fp32; x [..., K], w [N, K].
+at::Tensor oneDnnLinear(const at::Tensor& x, const at::Tensor& w);
+
+// out = a b for 2-D fp32 a [M, K], b [K, N] (contiguous); out [M, N] is overwritten.
+void oneDnnMatmul(const at::Tensor& a, const at::Tensor& b, at::Tensor& out);
+
+}  // namespace lt::model
