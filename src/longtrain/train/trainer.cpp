@@ -213,9 +213,10 @@ void printBanner(const Engine& engine, double gemmPeak, double flopsPerToken, bo
   const Config& cfg = engine.config();
   const comm::Groups& g = engine.groups();
   const BlasKernelReport blas = blasKernelReport();
-  std::printf("longtrain: blas core=%s (%s), %d threads/rank, %s GEMM peak %.1f GFLOP/s over all ranks "
+  std::printf("longtrain: blas core=%s (%s%s), %d threads/rank, %s GEMM peak %.1f GFLOP/s over all ranks "
               "(measured), allocator %s, %.3g model GFLOP/token\n",
-              blas.core.empty() ? "unknown" : blas.core.c_str(), blas.describe().c_str(), at::get_num_threads(),
+              blas.core.empty() ? "unknown" : blas.core.c_str(), blas.describe().c_str(),
+              cfg.model.oneDnnGemm ? "; the model's GEMMs run on oneDNN" : "", at::get_num_threads(),
               cfg.model.bf16Compute ? "bf16" : cfg.model.oneDnnGemm ? "fp32 (oneDNN)" : "fp32", gemmPeak / 1e9, allocatorName().c_str(), flopsPerToken / 1e9);
   std::printf("longtrain: %d rank(s) (sp=%d: %s, dp=%d), model %.2fM params (%lld layers, hidden %lld), data %s\n",
               g.world->size(), g.sp->size(), cfg.layout.describe().c_str(), g.dp->size(), cfg.model.numParams() / 1e6,
