@@ -7,6 +7,8 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "longtrain/model/fused_ops.h"
@@ -159,5 +161,93 @@ TEST(FusedOps, EngineDefaultsEqualTheAtenReferenceUnderUlysses) {
   for (size_t i = 0; i < want.params.size(); ++i)
     EXPECT_LE(relErr(got.params[i], want.params[i]), Tol::kAfterAdamSteps) << "parameter " << i;
 }
+
+}  // namespace
+
+namespace {
+
+// The LM head fused with the loss against logits() + lossSum() under autograd: loss, count,
+// argmax hits, dL/dh, and the head's (or the tied embedding's) and the final norm's gradients,
+// with ignored labels, untied and tied heads.
+TEST(FusedOps, HeadLossEqualsLogitsThenCrossEntropy) {
+  for (bool tied : {false, true}) {
+    lt::model::ModelConfig cfg;
+    cfg.vocabSize = 50, cfg.hidden = 16, cfg.layers = 1, cfg.heads = 2, cfg.kvHeads = 2, cfg.intermediate = 24;
+    cfg.tieEmbeddings = tied;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(26);
+    auto h0 = at::randn({2, 13, 16}, gen) * 2;
+    auto labels = at::randint(0, 50, {2, 13}, gen);
+    labels.index_put_({0, 3}, -100);
+    labels.index_put_({1, 12}, -100);
+    const double scale = 0.37;
+    lt::model::Model ref(cfg, 3), got(cfg, 3);
+    auto h = h0.clone().requires_grad_(true);
+    auto ls = lt::model::lossSum(ref.logits(h), labels);
+    (ls.sum * scale).backward();
+    auto tl = got.headLoss(h0, labels, scale);
+    const std::string what = tied ? "tied" : "untied";
+    EXPECT_NEAR(tl.sum, ls.sum.item<double>(), Tol::kFusedKernel * ls.sum.item<double>()) << what;
+    EXPECT_EQ(tl.count, ls.count) << what;
+    EXPECT_EQ(tl.correct, ls.correct) << what;
+    EXPECT_LE(relErr(tl.gradH, h.grad()), Tol::kFusedKernel) << what;
+    const auto &rg = ref.group(ref.headGroup()), &gg = got.group(got.headGroup());
+    for (size_t i = 0; i < rg.size(); ++i)
+      EXPECT_LE(relErr(gg[i].tensor.grad(), rg[i].tensor.grad()), Tol::kFusedKernel) << what << " " << rg[i].name;
+    if (tied) {
+      const auto& re = ref.group(ref.embedGroup())[0].tensor;
+      const auto& ge = got.group(got.embedGroup())[0].tensor;
+      EXPECT_LE(relErr(ge.grad(), re.grad()), Tol::kFusedKernel) << "tied embedding";
+    }
+    // Without a scale: the loss only, no gradients.
+    lt::model::Model evalOnly(cfg, 3);
+    auto e = evalOnly.headLoss(h0, labels, 0);
+    EXPECT_FALSE(e.gradH.defined());
+    EXPECT_NEAR(e.sum, tl.sum, 1e-9 * tl.sum);
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// This process's resident-set high-water mark (VmHWM) in bytes, after resetting it to the
+// current RSS when `reset` (clear_refs 5).
+int64_t residentPeak(bool reset) {
+  if (reset) std::ofstream("/proc/self/clear_refs") << "5";
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return -1;
+}
+
+// The fused head holds one [T, V] buffer at a time, forward and backward: the peak it adds
+// to the resident set, on a tile whose logits are 128 MiB, stays under 1.5 of them (logits
+// then cross-entropy under autograd hold three). Fresh pages: nothing of this size was
+// allocated before in this process.
+// (One process per route: ctest runs each test in its own.)
+class HeadLossMemory : public ::testing::TestWithParam<bool> {};
+
+TEST_P(HeadLossMemory, HoldsOneLogitsBuffer) {
+  lt::model::ModelConfig cfg;
+  cfg.vocabSize = 8192, cfg.hidden = 64, cfg.layers = 1, cfg.heads = 2, cfg.kvHeads = 2, cfg.intermediate = 96;
+  cfg.oneDnnGemm = GetParam();
+  lt::model::Model m(cfg, 5);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(27);
+  const int64_t T = 4096;
+  const auto h = at::randn({1, T, cfg.hidden}, gen), labels = at::randint(0, cfg.vocabSize, {1, T}, gen);
+  const double logits = static_cast<double>(T * cfg.vocabSize * 4);
+  const int64_t before = residentPeak(true);
+  ASSERT_GT(before, 0) << "no VmHWM in /proc/self/status";
+  auto tl = m.headLoss(h, labels, 1.0 / T);
+  const double added = static_cast<double>(residentPeak(false) - before);
+  std::printf("[head] %s: fused head + loss, [%lld, %lld] logits of %.0f MiB: resident peak +%.0f MiB (%.2f buffers)\n",
+              GetParam() ? "onednn" : "blas", (long long)T, (long long)cfg.vocabSize, logits / 1048576, added / 1048576, added / logits);
+  EXPECT_TRUE(tl.gradH.defined());
+  EXPECT_LT(added, 1.5 * logits);
+  EXPECT_GT(added, 0.9 * logits);  // the buffer itself was measured
+}
+
+INSTANTIATE_TEST_SUITE_P(GemmRoutes, HeadLossMemory, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "onednn" : "blas"; });
 
 }  // namespace

@@ -195,7 +195,12 @@ TEST(ActivationCheckpointing, AutoKeepsWhatTheBudgetHolds) {
   ASSERT_LT(all, none);  // each kept graph costs memory
   EXPECT_EQ(lt::plan::graphBlocksFor(cfg, 1, none), 4);
   EXPECT_EQ(lt::plan::graphBlocksFor(cfg, 1, none - 1), 3);
-  EXPECT_EQ(lt::plan::graphBlocksFor(cfg, 1, all), 0);
+  // At the all-recompute peak, as many graphs as leave the peak where it is (keeping the
+  // last block's graph can cost nothing when the peak lies in an earlier phase).
+  int atAll = 0;
+  while (atAll < 4 && lt::plan::predictPeak(cfg, 1, atAll + 1).total() <= all) ++atAll;
+  EXPECT_EQ(lt::plan::graphBlocksFor(cfg, 1, all), atAll);
+  EXPECT_LT(atAll, 4);
   EXPECT_EQ(lt::plan::graphBlocksFor(cfg, 1, all / 2), 0);  // nothing fits: recompute everything
   const int two = lt::plan::graphBlocksFor(cfg, 1, lt::plan::predictPeak(cfg, 1, 2).total());
   EXPECT_EQ(two, 2);

@@ -174,13 +174,19 @@ void addLoss(const model::LossSum& ls, MicroBatchStats& st) {
   st.tokens += ls.count;
   st.correct += ls.correct;
 }
+void addLoss(const model::Model::TileLoss& tl, MicroBatchStats& st) {
+  st.lossSum += tl.sum;
+  st.tokens += tl.count;
+  st.correct += tl.correct;
+}
 }  // namespace
 
 void Executor::loss(const at::Tensor& h, const at::Tensor& shiftLabels, MicroBatchStats& st) const {
   const int64_t S = h.size(1), tile = lossTile(S);
   for (int64_t s0 = 0; s0 < S; s0 += tile) {
     const int64_t s1 = std::min(S, s0 + tile);
-    addLoss(model::lossSum(model_.logits(h.slice(1, s0, s1)), shiftLabels.slice(1, s0, s1)), st);
+    if (model_.config().fusedKernels) addLoss(model_.headLoss(h.slice(1, s0, s1), shiftLabels.slice(1, s0, s1), 0), st);
+    else addLoss(model::lossSum(model_.logits(h.slice(1, s0, s1)), shiftLabels.slice(1, s0, s1)), st);
   }
 }
 
@@ -190,6 +196,14 @@ at::Tensor Executor::lossAndGrad(const at::Tensor& h, const at::Tensor& shiftLab
   at::Tensor gradH = tile < S ? at::empty_like(h) : at::Tensor();
   for (int64_t s0 = 0; s0 < S; s0 += tile) {
     const int64_t s1 = std::min(S, s0 + tile);
+    if (model_.config().fusedKernels) {  // the LM head fused with the loss: one [B x tile, V] buffer
+      LT_ASSERT(scale != 0, "lossAndGrad: a zero loss scale");
+      auto tl = model_.headLoss(h.slice(1, s0, s1), shiftLabels.slice(1, s0, s1), scale);
+      addLoss(tl, st);
+      if (tile == S) return tl.gradH;
+      gradH.slice(1, s0, s1).copy_(tl.gradH);
+      continue;
+    }
     auto hs = h.slice(1, s0, s1).detach().requires_grad_(true);  // [B, tile, D]
     auto ls = model::lossSum(model_.logits(hs), shiftLabels.slice(1, s0, s1));  // logits [B, tile, V]
     addLoss(ls, st);

@@ -69,6 +69,21 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, GemmRoute route) {
   return at::linear(x.to(at::kBFloat16), w.to(at::kBFloat16)).to(at::kFloat);
 }
 
+void matmulInto(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route) {
+  LT_ASSERT(a.dim() == 2 && b.dim() == 2 && out.is_contiguous());
+  const auto opA = transA ? a.t() : a, opB = transB ? b.t() : b;
+  LT_ASSERT(opA.size(1) == opB.size(0) && out.size(0) == opA.size(0) && out.size(1) == opB.size(1));
+  if (route == GemmRoute::Blas) at::mm_out(out, opA, opB);
+  else if (route == GemmRoute::Bf16) out.copy_(at::mm(opA.to(at::kBFloat16), opB.to(at::kBFloat16)));
+  else sgemm(transA, transB, opA.size(0), opB.size(1), opA.size(1), a.contiguous(), b.contiguous(), out);
+}
+
+at::Tensor matmul(const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route) {
+  auto out = at::empty({a.size(transA ? 1 : 0), b.size(transB ? 0 : 1)}, a.options().dtype(at::kFloat));
+  matmulInto(out, a, transA, b, transB, route);
+  return out;
+}
+
 void oneDnnMatmul(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   LT_ASSERT(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) && out.size(0) == a.size(0) &&
             out.size(1) == b.size(1));

@@ -218,6 +218,58 @@ at::Tensor Model::logits(const at::Tensor& x) const {
   return linear(h, lmHead_.defined() ? lmHead_ : embed_, gemmRoute(cfg_));
 }
 
+// One [T, V] buffer (headBuffer_, kept between calls): the logits, then exp(logits - max), then
+// the probabilities, then dL/dlogits; the three GEMMs read it (and x, w) in place.
+Model::TileLoss Model::headLoss(const at::Tensor& h, const at::Tensor& shiftLabels, double scale) const {
+  const bool backward = scale != 0;
+  const GemmRoute gemm = gemmRoute(cfg_);
+  const at::Tensor& w = lmHead_.defined() ? lmHead_ : embed_;
+  auto hs = h.detach();
+  if (backward) hs.requires_grad_(true);
+  at::Tensor hn;
+  {
+    at::AutoGradMode grad(backward);  // the norm's graph only
+    hn = cfg_.fusedKernels ? fusedRmsNorm(hs, finalNorm_, cfg_.normEps) : rmsNorm(hs, finalNorm_, cfg_.normEps);
+  }
+  at::NoGradGuard ng;
+  const auto x = hn.detach().reshape({-1, hn.size(-1)}).contiguous(), wd = w.detach();
+  const auto lab = shiftLabels.reshape({-1});
+  const auto valid = lab.ne(-100);  // ignored labels, as in lossSum
+  const auto target = lab.masked_fill(~valid, 0).unsqueeze(1);
+  const int64_t T = x.size(0), V = wd.size(0);
+  if (!headBuffer_.defined() || headBuffer_.numel() < T * V) {
+    headBuffer_ = at::Tensor();  // the old one first
+    headBuffer_ = at::empty({T * V}, x.options());
+  }
+  auto p = headBuffer_.narrow(0, 0, T * V).view({T, V});
+  matmulInto(p, x, false, wd, true, gemm);
+  auto [mx, argmax] = p.max(1, true);
+  const auto picked = p.gather(1, target);
+  p.sub_(mx).exp_();
+  const auto sumExp = p.sum(1, true);
+  const auto rowLoss = (sumExp.log() + mx - picked).squeeze(1);
+  TileLoss out;
+  out.sum = rowLoss.masked_select(valid).to(at::kDouble).sum().item<double>();
+  out.count = valid.sum().item<int64_t>();
+  out.correct = (argmax.squeeze(1).eq(lab) & valid).sum().item<int64_t>();
+  if (!backward) return out;
+  p.div_(sumExp);
+  p.scatter_add_(1, target, at::full_like(picked, -1.0));
+  p.mul_(valid.unsqueeze(1).to(p.scalar_type()) * scale);
+  auto dw = matmul(p, true, x, false, gemm);  // [V, D]
+  auto& acc = const_cast<at::Tensor&>(w).mutable_grad();
+  if (acc.defined()) acc.add_(dw);
+  else acc = dw;
+  auto dx = matmul(p, false, wd, false, gemm).view_as(hn);
+  p = at::Tensor();  // before the norm's backward
+  {
+    at::AutoGradMode grad(true);
+    hn.backward(dx);
+  }
+  out.gradH = hs.grad();
+  return out;
+}
+
 at::Tensor Model::forward(const at::Tensor& ids, const at::Tensor& pos, const AttentionFn& attn) const {
   auto x = embed(ids);
   for (int b = 0; b < numBlocks(); ++b) x = block(b, x, pos, attn);

@@ -85,6 +85,18 @@ class Model {
   at::Tensor block(int b, const at::Tensor& x, const at::Tensor& pos, const AttentionFn& attn) const;  // [B,S,D]
   at::Tensor logits(const at::Tensor& x) const;                                            // [B,S,D] -> [B,S,V]
 
+  // The LM head fused with the loss, for one tile h [B, T, D] and its shift labels [B, T]: the
+  // final norm (under autograd), the logits GEMM, log-softmax, loss and, when `scale` != 0,
+  // dL/dlogits = scale x (softmax - onehot) in the logits' own buffer, then dL/dW accumulated
+  // into the LM head's (or tied embedding's) gradient and dL/dh returned through the norm.
+  // Only one [B x T, V] buffer exists (the autograd path holds three).
+  struct TileLoss {
+    double sum = 0;
+    int64_t count = 0, correct = 0;
+    at::Tensor gradH;  // [B, T, D] when scale != 0
+  };
+  TileLoss headLoss(const at::Tensor& h, const at::Tensor& shiftLabels, double scale) const;
+
   // Parameters of a group, with Hugging Face Llama names.
   const std::vector<NamedParam>& group(int g) const { return groups_[g]; }
   std::vector<at::Tensor> parameters() const;  // in groupOrder()
@@ -109,6 +121,10 @@ class Model {
   at::Tensor decodeBlock(int b, const at::Tensor& x, const at::Tensor& pos, KvCache& cache) const;
   ModelConfig cfg_;
   mutable RopeCache rope_;
+  // headLoss's [B x tile, V] buffer, kept from call to call and grown when a tile needs more:
+  // freed and allocated anew each step, tcmalloc left the freed span fragmented by the next
+  // step's smaller allocations and mapped a second one (measured: +1 buffer from step 2 on).
+  mutable at::Tensor headBuffer_;
   at::Tensor embed_, finalNorm_, lmHead_;
   std::vector<Block> blocks_;
   std::vector<std::vector<NamedParam>> groups_;

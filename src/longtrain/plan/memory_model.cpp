@@ -234,11 +234,19 @@ Bytes blockCost(const config::Config& c, const Dims& d, bool* attnPeak, Bytes* s
 // The loss phase (Executor::lossAndGrad): per tile of cl tokens, logits [B, cl, V] are freed
 // when lossSum returns, but log_softmax saves its output; backward holds it with nll's
 // gradient and log_softmax's (3 [B, cl, V]); the final norm's saved tensors and dh (3
-// [B, cl, D]); the LM head's weight-gradient temporary (V x D); tiled: gradH (uD).
+// [B, cl, D]); the LM head's weight-gradient temporary (V x D); tiled: gradH (uD). With
+// model.fused_kernels the head is fused with the loss (Model::headLoss): one [B, cl, V]
+// buffer holds the logits, then the probabilities, then their gradient, and the model keeps
+// it from step to step, so predict() counts it in every phase after construction.
+// Tokens per sequence in one loss tile (Executor::lossTile).
+double lossTileTokens(const config::Config& c, const Dims& d) {
+  return c.model.lossChunk > 0 ? std::min<double>(static_cast<double>(c.model.lossChunk), d.s) : d.s;
+}
+
 Bytes lossCost(const config::Config& c, const Dims& d) {
-  const double cl = c.model.lossChunk > 0 ? std::min<double>(static_cast<double>(c.model.lossChunk), d.s) : d.s;
+  const double cl = lossTileTokens(c, d);
   Bytes t;
-  t.add(3, d.B * cl * d.V * kF);
+  if (!c.model.fusedKernels) t.add(3, d.B * cl * d.V * kF);  // fused: Model::headLoss's kept buffer (predict)
   t.add(3, d.B * cl * d.D * kF);
   t.add(1, d.V * d.D * kF);
   if (cl < d.s) t.add(1, d.B * d.s * d.D * kF);
@@ -447,6 +455,12 @@ Prediction predict(const config::Config& c, int world, int graphBlocks) {
   phases.push_back(lossPhase(c, t, graphBlocks));
   if (t.zero) addZeroPhases(c, t, phases);
   else phases.push_back(dataParallelStepPhase(t));
+  if (c.model.fusedKernels) {  // Model::headLoss's buffer, kept from the first loss on
+    const Dims& d = t.d;
+    const double cl = lossTileTokens(c, d);
+    for (auto& p : phases)
+      if (p.name != "ZeRO construction") p.acts.add(1, d.B * cl * d.V * kF);
+  }
   Prediction out = peakOf(phases);
   out.breakdown.offloaded = static_cast<int64_t>(offloadedInputs(t, graphBlocks) * t.uD);
   return out;
