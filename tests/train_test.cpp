@@ -102,6 +102,19 @@ TEST(Config, KvRecallTooShortOrTooManyPairsIsRefusedBeforeLaunch) {
   EXPECT_NE(e.find("data.kv.num_pairs=40 must be in [1, data.kv.num_keys=32]"), std::string::npos) << e;
 }
 
+// DeepSpeed's activation_checkpointing object is refused with what corresponds to it here,
+// not with a bare type error (a DeepSpeed user's JSON carries one).
+TEST(Config, DeepSpeedActivationCheckpointingObjectSaysWhatCorrespondsToIt) {
+  json j = smallConfig();
+  j["activation_checkpointing"] = {{"partition_activations", false}, {"cpu_checkpointing", true}};
+  const auto e = errorOf(j);
+  EXPECT_NE(e.find("'activation_checkpointing' is DeepSpeed's object"), std::string::npos) << e;
+  EXPECT_NE(e.find("cpu_checkpointing corresponds to train.offload_dir"), std::string::npos) << e;
+  json k = smallConfig();
+  k["activation_checkpointing"] = "none";
+  EXPECT_EQ(lt::config::parseConfig(k, 1).activationCheckpointing, "none");
+}
+
 TEST(Config, InconsistentBatchSizes) {
   json j = smallConfig();
   j["train_batch_size"] = 10;

@@ -36,6 +36,11 @@ void parseTopLevel(JsonReader& r, Config& c) {
       static_cast<int>(r.getInt("sequence_parallel_ring_degree", c.sequenceParallelRingDegree, 0, 1 << 20));
   c.sequenceParallelBalance =
       r.getEnum("sequence_parallel_balance", c.sequenceParallelBalance, {"auto", "contiguous", "zigzag"});
+  if (const auto* ac = r.find("activation_checkpointing"))
+    LT_CHECK(!ac->is_object(), "config key 'activation_checkpointing' is DeepSpeed's object here (", ac->dump(),
+             "), which longtrain does not read: it takes \"auto\" (recompute only what the memory budget needs), ",
+             "\"all\" or \"none\"; DeepSpeed's cpu_checkpointing corresponds to train.offload_dir (kept block inputs ",
+             "to disk), and partition_activations to sequence_parallel_size (activations are sharded by sequence)");
   c.activationCheckpointing = r.getEnum("activation_checkpointing", c.activationCheckpointing, {"auto", "all", "none"});
 }
 
