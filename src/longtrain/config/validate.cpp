@@ -93,14 +93,7 @@ void checkData(const Config& c) {
   LT_CHECK(d.tokenFile() || kvRecallVocabNeeded(d) <= c.model.vocabSize, "model.vocab_size=", c.model.vocabSize,
            " is smaller than the kv_recall task needs (", kvRecallVocabNeeded(d), " = 2 + num_keys + num_values + ",
            "num_noise [+ num_keys x num_values if fused_pairs]); raise model.vocab_size");
-  if (d.tokenFile()) return;
-  LT_CHECK(d.kvPairs >= 1 && d.kvPairs <= d.kvKeys, "data.kv.num_pairs=", d.kvPairs,
-           " must be in [1, data.kv.num_keys=", d.kvKeys, "] (keys in one sample are distinct)");
-  const int64_t need = 1 + 2 * d.kvPairs + 2 * d.kvQueries;
-  LT_CHECK(d.seqLen >= need, "data.seq_len=", d.seqLen, " is too short for ", d.kvPairs, " pairs and ", d.kvQueries,
-           " queries (needs at least ", need, "); raise data.seq_len or lower data.kv.*");
-  LT_CHECK(d.kvValues >= 2 && d.kvNoise >= 1 && d.kvQueries >= 1,
-           "data.kv: num_values must be >= 2, num_noise >= 1 and num_queries >= 1");
+  if (!d.tokenFile()) checkKvRecall(d.seqLen, d.kvPairs, d.kvQueries, d.kvKeys, d.kvValues, d.kvNoise);
 }
 
 void checkTrain(const Config& c) {
@@ -144,6 +137,16 @@ void checkProductsFit(const Config& c) {
 }
 
 }  // namespace
+
+void checkKvRecall(int64_t seqLen, int64_t pairs, int64_t queries, int64_t keys, int64_t values, int64_t noise) {
+  LT_CHECK(pairs >= 1 && pairs <= keys, "data.kv.num_pairs=", pairs, " must be in [1, data.kv.num_keys=", keys,
+           "] (keys in one sample are distinct)");
+  const int64_t need = 1 + 2 * pairs + 2 * queries;
+  LT_CHECK(seqLen >= need, "data.seq_len=", seqLen, " is too short for ", pairs, " pairs and ", queries,
+           " queries (needs at least ", need, "); raise data.seq_len or lower data.kv.*");
+  LT_CHECK(values >= 2 && noise >= 1 && queries >= 1,
+           "data.kv: num_values must be >= 2, num_noise >= 1 and num_queries >= 1");
+}
 
 int64_t kvRecallVocabNeeded(const DataConfig& d) {
   return 2 + d.kvKeys + d.kvValues + d.kvNoise + (d.kvFused ? d.kvKeys * d.kvValues : 0);

@@ -19,5 +19,8 @@ ParallelLayout layoutOf(const Config& c, int world);
 // The vocabulary the built-in kv_recall task needs: BOS, padding, keys, values, noise, and
 // with fused pairs one token per (key, value).
 int64_t kvRecallVocabNeeded(const DataConfig& d);
+// The kv_recall task's own rules (validate() runs them on the config, KvRecallDataset on its
+// options): distinct keys per sample, room for the pairs and queries.
+void checkKvRecall(int64_t seqLen, int64_t pairs, int64_t queries, int64_t keys, int64_t values, int64_t noise);
 
 }  // namespace lt::config

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "longtrain/config/validate.h"
 #include "longtrain/core/check.h"
 
 namespace lt::data {
@@ -38,13 +39,7 @@ at::Tensor shiftLabels(const at::Tensor& labels) {
 
 // ---------------------------------------------------------------------------- KV recall
 KvRecallDataset::KvRecallDataset(KvRecallOptions o) : o_(o) {
-  LT_CHECK(o_.numPairs >= 1 && o_.numPairs <= o_.numKeys, "data.kv.num_pairs=", o_.numPairs,
-           " must be in [1, data.kv.num_keys=", o_.numKeys, "] (keys in one sample are distinct)");
-  int64_t need = 1 + 2 * o_.numPairs + 2 * o_.numQueries;
-  LT_CHECK(o_.seqLen >= need, "data.seq_len=", o_.seqLen, " is too short for ", o_.numPairs, " pairs and ",
-           o_.numQueries, " queries (needs at least ", need, "); raise data.seq_len or lower data.kv.*");
-  LT_CHECK(o_.numValues >= 2 && o_.numNoise >= 1 && o_.numQueries >= 1, "data.kv: num_values must be >= 2, ",
-           "num_noise >= 1 and num_queries >= 1");
+  config::checkKvRecall(o_.seqLen, o_.numPairs, o_.numQueries, o_.numKeys, o_.numValues, o_.numNoise);
 }
 
 Sample KvRecallDataset::get(int64_t i) const {

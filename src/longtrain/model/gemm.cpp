@@ -84,10 +84,5 @@ at::Tensor matmul(const at::Tensor& a, bool transA, const at::Tensor& b, bool tr
   return out;
 }
 
-void oneDnnMatmul(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
-  LT_ASSERT(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) && out.size(0) == a.size(0) &&
-            out.size(1) == b.size(1));
-  sgemm(false, false, a.size(0), b.size(1), a.size(1), a, b, out);
-}
 
 }  // namespace lt::model

@@ -19,11 +19,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, GemmRoute route);
 // fp32; x [..., K], w [N, K].
 at::Tensor oneDnnLinear(const at::Tensor& x, const at::Tensor& w);
 
-// out = a b for 2-D fp32 a [M, K], b [K, N] (contiguous); out [M, N] is overwritten.
-void oneDnnMatmul(const at::Tensor& a, const at::Tensor& b, at::Tensor& out);
-
 // out = op(a) op(b) by `route` for contiguous 2-D a, b and out (op: transposed when asked,
-// read in place), without autograd: the fused LM head's three products. `matmul` allocates out.
+// read in place), without autograd: the fused LM head's three products and the peak measurement.
+// `matmul` allocates out.
 void matmulInto(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);
 at::Tensor matmul(const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);
 
