@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/plan_accuracy.sh: the memory model against measured peak RSS. For each config (naive,
 # chunked or fused attention, fused kernels on/off, tiling on/off, 1k-16k tokens, SP = 1/2/4 process ranks, ZeRO-3 on/off,
-# ring and Ulysses x ring SP)
+# ring and Ulysses x ring SP, bf16 GEMMs: plan assumes bf16 is chosen, so on a CPU whose bf16 GEMM is slower those rows run fp32)
 # it prints `longtrain plan`'s per-rank prediction, the peak RSS of 2 training steps (max over
 # ranks and steps, from --metrics) and the relative error. Model: bench/plan_base.json.
 # Each rank runs 1 intra-op thread (THREADS; memory does not depend on it, and on a shared
@@ -16,7 +16,7 @@ out=$(mktemp -d)
 N="--set model.attention=naive"; C="--set model.attention=chunked --set model.attention_chunk=256"
 F="--set model.attention=fused"; U="--set model.fused_kernels=false"
 L="--set model.loss_chunk=256"; T="--set model.tiled_mlp=true"
-Z="--set zero_optimization.stage=3"
+Z="--set zero_optimization.stage=3"; B="--set bf16.enabled=true"
 SO="--set zero_optimization.offload_optimizer.device=cpu --set zero_optimization.offload_optimizer.super_offload=true"
 configs=(
   "naive            |1|1024 |$N"
@@ -40,6 +40,9 @@ configs=(
   "chunk+loss unfused|1|8192 |$C $L $U"
   "ring4 fused+loss+mlp|4|16384|$F $L $T --set sequence_parallel_ring_degree=4"
   "U2xR2 fused+loss+mlp|4|16384|$F $L $T --set sequence_parallel_ring_degree=2"
+  "fused bf16       |1|4096 |$F $B"
+  "fused+loss bf16  |1|16384|$F $L $B"
+  "fused+loss+mlp bf16|4|16384|$F $L $T $B"
 )
 printf "| %-3s | %-18s | %2s | %7s | %13s | %12s | %7s |\n" row config P seq_len predicted_MiB measured_MiB error
 printf "|%s|%s|%s|%s|%s|%s|%s|\n" ----- -------------------- ---- --------- --------------- -------------- ---------

@@ -77,6 +77,31 @@ TEST(FusedOps, SwigluEqualsAten) {
   EXPECT_FLOAT_EQ(h[0][1].item<float>(), 100.0f);
 }
 
+// Under the bf16 GEMM route SwiGLU saves gu as bf16: its output is still the fp32 one, bit for
+// bit, and its gradient is the ATen composition's gradient at gu rounded to bf16 (odd widths:
+// the vector tail of the bf16 loads and stores), on every ISA build.
+TEST(FusedOps, SwigluSavingBf16IsTheGradientAtTheRoundedInput) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(23);
+  for (auto [rows, F] : std::vector<std::pair<int64_t, int64_t>>{{4, 48}, {67, 19}, {2, 704}}) {
+    auto gu0 = at::randn({rows, 2 * F}, gen) * 4, up = at::randn({rows, F}, gen);
+    auto rounded = gu0.to(at::kBFloat16).to(at::kFloat).requires_grad_(true);
+    (swigluReference(rounded) * up).sum().backward();
+    for (auto isa : supportedIsas()) {
+      auto g = gu0.clone().requires_grad_(true);
+      auto got = lt::model::fusedSwiglu(g, isa, /*saveBf16=*/true);
+      (got * up).sum().backward();
+      const std::string what = std::string(lt::model::kernelIsaName(isa)) + " " + std::to_string(rows) + "x" +
+                               std::to_string(F);
+      EXPECT_TRUE(at::equal(got, lt::model::fusedSwiglu(gu0, isa))) << what;
+      EXPECT_LE(relErr(g.grad(), rounded.grad()), Tol::kFusedKernel) << what;
+      // and not the fp32 gradient: the rounding shows
+      auto exact = gu0.clone().requires_grad_(true);
+      (lt::model::fusedSwiglu(exact, isa) * up).sum().backward();
+      EXPECT_GT(relErr(g.grad(), exact.grad()), 1e-4) << what;
+    }
+  }
+}
+
 // RoPE read in place from a column slice of a wider tensor (as from the one q/k/v GEMM), with
 // arbitrary positions and a head dim whose half leaves a vector tail.
 TEST(FusedOps, RopeEqualsAtenFromAStridedSlice) {
@@ -169,11 +194,15 @@ namespace {
 // The LM head fused with the loss against logits() + lossSum() under autograd: loss, count,
 // argmax hits, dL/dh, and the head's (or the tied embedding's) and the final norm's gradients,
 // with ignored labels, untied and tied heads.
+// On the bf16 route too: there the reference's logits GEMM rounds its upstream gradient to
+// bf16 as the fused head rounds the logits gradient in its buffer (Tol::kBf16Rounding).
 TEST(FusedOps, HeadLossEqualsLogitsThenCrossEntropy) {
-  for (bool tied : {false, true}) {
+  for (auto [tied, bf16] : std::vector<std::pair<bool, bool>>{{false, false}, {true, false}, {false, true}, {true, true}}) {
     lt::model::ModelConfig cfg;
     cfg.vocabSize = 50, cfg.hidden = 16, cfg.layers = 1, cfg.heads = 2, cfg.kvHeads = 2, cfg.intermediate = 24;
     cfg.tieEmbeddings = tied;
+    cfg.bf16Compute = bf16;
+    const double gradTol = bf16 ? Tol::kBf16Rounding : Tol::kFusedKernel;
     auto gen = at::make_generator<at::CPUGeneratorImpl>(26);
     auto h0 = at::randn({2, 13, 16}, gen) * 2;
     auto labels = at::randint(0, 50, {2, 13}, gen);
@@ -185,18 +214,19 @@ TEST(FusedOps, HeadLossEqualsLogitsThenCrossEntropy) {
     auto ls = lt::model::lossSum(ref.logits(h), labels);
     (ls.sum * scale).backward();
     auto tl = got.headLoss(h0, labels, scale);
-    const std::string what = tied ? "tied" : "untied";
+    const std::string what = std::string(tied ? "tied" : "untied") + (bf16 ? ", bf16" : "");
     EXPECT_NEAR(tl.sum, ls.sum.item<double>(), Tol::kFusedKernel * ls.sum.item<double>()) << what;
     EXPECT_EQ(tl.count, ls.count) << what;
     EXPECT_EQ(tl.correct, ls.correct) << what;
-    EXPECT_LE(relErr(tl.gradH, h.grad()), Tol::kFusedKernel) << what;
+    EXPECT_LE(relErr(tl.gradH, h.grad()), gradTol) << what;
+    if (bf16) std::printf("bf16 head (%s): dh differs by %.3g\n", what.c_str(), relErr(tl.gradH, h.grad()));
     const auto &rg = ref.group(ref.headGroup()), &gg = got.group(got.headGroup());
     for (size_t i = 0; i < rg.size(); ++i)
-      EXPECT_LE(relErr(gg[i].tensor.grad(), rg[i].tensor.grad()), Tol::kFusedKernel) << what << " " << rg[i].name;
+      EXPECT_LE(relErr(gg[i].tensor.grad(), rg[i].tensor.grad()), gradTol) << what << " " << rg[i].name;
     if (tied) {
       const auto& re = ref.group(ref.embedGroup())[0].tensor;
       const auto& ge = got.group(got.embedGroup())[0].tensor;
-      EXPECT_LE(relErr(ge.grad(), re.grad()), Tol::kFusedKernel) << "tied embedding";
+      EXPECT_LE(relErr(ge.grad(), re.grad()), gradTol) << "tied embedding" << (bf16 ? ", bf16" : "");
     }
     // Without a scale: the loss only, no gradients.
     lt::model::Model evalOnly(cfg, 3);

@@ -1,11 +1,15 @@
 // The GEMM routes (model/gemm.h): oneDNN's sgemm under autograd against ATen's at::linear, its
-// numerics against a double-precision loop, and a whole training run on each route.
+// numerics against a double-precision loop, and a whole training run on each route; the bf16
+// route against fp32 products of the same bf16-rounded operands, and its rounding against c10's.
 #include <gtest/gtest.h>
+
+#include <limits>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "longtrain/config/parse.h"
+#include "longtrain/model/fused_ops.h"
 #include "longtrain/model/gemm.h"
 #include "longtrain/train/machine.h"
 #include "testing.h"
@@ -51,6 +55,70 @@ TEST(OneDnnGemm, LinearEqualsATenForwardAndBackward) {
       EXPECT_LE(relErr(got[2], want[2]), Tol::kFusedKernel) << what;
     }
   }
+}
+
+// Every build of the conversion rounds as c10::BFloat16 does, bit for bit: halfway cases both
+// ways, subnormals, infinities, NaN, the largest floats, and an odd length (the vector tail).
+TEST(Bf16Gemm, ConversionRoundsAsC10) {
+  at::manual_seed(3);
+  auto x = at::cat({at::randn({1001}) * 1e3, at::randn({64}) * 1e-39,
+                    at::tensor({0.0f, -0.0f, 1.0f + 1.0f / 256, 1.0f + 3.0f / 256, 3.4028235e38f, -3.4028235e38f,
+                                std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                                std::numeric_limits<float>::quiet_NaN(), 1.00390625f, 1.01171875f})});
+  const float* xp = x.data_ptr<float>();
+  for (auto isa : {lt::model::KernelIsa::Baseline, lt::model::KernelIsa::Avx2, lt::model::KernelIsa::Avx512}) {
+    if (!lt::model::kernelIsaSupported(isa)) continue;
+    const auto got = lt::model::toBf16(x, isa);
+    ASSERT_EQ(got.scalar_type(), at::kBFloat16);
+    const auto* g = reinterpret_cast<const uint16_t*>(got.data_ptr<at::BFloat16>());
+    int64_t wrong = 0;  // c10's scalar rounding (ATen's vectorized .to() writes NaN as 0xFFFF)
+    for (int64_t i = 0; i < x.numel(); ++i) wrong += g[i] != c10::BFloat16(xp[i]).x;
+    EXPECT_EQ(wrong, 0) << lt::model::kernelIsaName(isa);
+  }
+}
+
+// In place (the LM head's logits gradient): the same bits as the copying conversion, at lengths
+// inside the serial first part, at its edge, and across several parallel waves with a tail.
+TEST(Bf16Gemm, InPlaceConversionEqualsTheCopy) {
+  at::manual_seed(5);
+  for (int64_t n : {int64_t{100}, int64_t{16384}, int64_t{16385}, int64_t{200003}}) {
+    const auto x = at::randn({n}) * 100;
+    const auto want = lt::model::toBf16(x);
+    auto buffer = x.clone();
+    const auto got = lt::model::toBf16InPlace(buffer);
+    ASSERT_EQ(got.sizes(), x.sizes());
+    EXPECT_EQ(got.data_ptr(), buffer.data_ptr()) << n;  // no copy
+    EXPECT_TRUE(at::equal(got.view(at::kShort), want.view(at::kShort))) << n;
+  }
+}
+
+// The bf16 route computes exactly what it claims: the product of the bf16-rounded operands,
+// accumulated in fp32, returned in fp32 (never rounded to bf16). The reference forms those
+// products in fp32 with ATen; forward and both gradients, odd shapes, leading dims.
+TEST(Bf16Gemm, LinearIsFp32MathOnBf16RoundedOperands) {
+  const std::vector<std::pair<std::vector<int64_t>, int64_t>> cases = {
+      {{1, 1}, 1}, {{7, 13}, 5}, {{2, 7, 13}, 5}, {{3, 33, 64}, 129}, {{2, 65, 256}, 704}};
+  at::manual_seed(11);
+  auto rounded = [](const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kFloat); };
+  for (const auto& [xs, n] : cases) {
+    const auto x = at::randn(xs), w = at::randn({n, xs.back()});
+    auto ys = xs;
+    ys.back() = n;
+    const auto dy = at::randn(ys);
+    auto xi = x.detach().requires_grad_(true), wi = w.detach().requires_grad_(true);
+    auto y = lt::model::linear(xi, wi, lt::model::GemmRoute::Bf16);
+    y.backward(dy);
+    const auto x2 = rounded(x).reshape({-1, xs.back()}), dy2 = rounded(dy).reshape({-1, n});
+    const std::string what = std::to_string(xs.size()) + "-d x, last " + std::to_string(xs.back()) + ", n " +
+                             std::to_string(n);
+    ASSERT_EQ(y.scalar_type(), at::kFloat) << what;
+    EXPECT_LE(relErr(y, at::linear(rounded(x), rounded(w))), Tol::kFusedKernel) << what;
+    EXPECT_LE(relErr(xi.grad(), at::mm(dy2, rounded(w)).view(xs)), Tol::kFusedKernel) << what;
+    EXPECT_LE(relErr(wi.grad(), at::mm(dy2.t(), x2)), Tol::kFusedKernel) << what;
+  }
+  // Not fp32 in disguise: against the unrounded operands the difference is bf16's, not fp32's.
+  const auto x = at::randn({64, 96}), w = at::randn({32, 96});
+  EXPECT_GT(relErr(lt::model::linear(x, w, lt::model::GemmRoute::Bf16), at::linear(x, w)), 1e-4);
 }
 
 // The whole model on each route: losses within the data-parallel tolerance of each other over

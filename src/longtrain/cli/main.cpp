@@ -75,6 +75,9 @@ int cmdPlan(const std::string& configPath, int nprocFlag, const std::vector<std:
   nlohmann::json j = lt::config::loadConfigJson(configPath, sets);
   const int world = nprocOf(j, nprocFlag);
   lt::config::Config cfg = lt::config::parseConfig(j, world);
+  // bf16.enabled: the run measures at start-up whether bf16 is faster and trains in fp32 if not;
+  // plan assumes bf16 (and says so), so on a CPU where it is slower the peak is higher than this.
+  cfg.model.bf16Compute = cfg.bf16;
   const int64_t budget = maxSeq.empty() ? 0 : lt::plan::parseBytes(maxSeq);
   const auto& m = cfg.model;
   std::printf("plan: %.2fM params (%lld layers, hidden %lld, %lld heads, vocab %lld), micro batch %lld, "
@@ -82,8 +85,9 @@ int cmdPlan(const std::string& configPath, int nprocFlag, const std::vector<std:
               m.numParams() / 1e6, (long long)m.layers, (long long)m.hidden, (long long)m.heads,
               (long long)m.vocabSize, (long long)cfg.microBatch, world, cfg.sequenceParallelSize, cfg.zero.stage,
               cfg.zero.offloadOptimizer.superOffload ? " + super_offload" : "");
-  std::printf("      attention %s (tile %lld), loss_chunk %lld, tiled_mlp %s\n", m.attention.c_str(), (long long)m.attentionChunk,
-              (long long)m.lossChunk, m.tiledMlp ? "true" : "false");
+  std::printf("      attention %s (tile %lld), loss_chunk %lld, tiled_mlp %s%s\n", m.attention.c_str(), (long long)m.attentionChunk,
+              (long long)m.lossChunk, m.tiledMlp ? "true" : "false",
+              m.bf16Compute ? ", bf16 GEMMs (assumed faster on the run's CPU; it measures)" : "");
   if (maxSeq.empty()) {
     const int64_t acBudget = lt::plan::memoryBudgetFor(cfg, world);
     const int k = lt::plan::graphBlocksFor(cfg, world, acBudget);
@@ -308,7 +312,7 @@ int cmdInfo(int threads) {
               lt::train::measureGemmPeakFlops() / 1e9);
   std::printf("gemm peak onednn: %.1f GFLOP/s (fp32, oneDNN's sgemm; model.gemm \"auto\" takes it where the BLAS kernel is below the CPU)\n",
               lt::train::measureGemmPeakFlops(lt::model::GemmRoute::OneDnn) / 1e9);
-  std::printf("gemm peak bf16: %.1f GFLOP/s (libtorch's oneDNN; bf16.enabled uses it only where it is faster)\n",
+  std::printf("gemm peak bf16: %.1f GFLOP/s (oneDNN's bf16 matmul, fp32 result; bf16.enabled uses it only where it is faster)\n",
               lt::train::measureGemmPeakFlops(lt::model::GemmRoute::Bf16) / 1e9);
   std::printf("fused kernels: %s (attention, RMSNorm, SwiGLU)\n", lt::model::kernelIsaName(lt::model::kernelBestIsa()));
   const double err = lt::train::gemmRelativeError();

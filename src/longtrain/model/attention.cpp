@@ -112,7 +112,10 @@ struct ChunkedFn : torch::autograd::Function<ChunkedFn> {
 
 at::Tensor mlp(const at::Tensor& x, const at::Tensor& wGate, const at::Tensor& wUp, const at::Tensor& wDown,
                MlpOptions o) {
-  if (o.fused) return linear(fusedSwiglu(linear(x, at::cat({wGate, wUp}), o.gemm)), wDown, o.gemm);
+  if (o.fused) {
+    const bool bf16 = o.gemm == GemmRoute::Bf16;  // gu saved as bf16, as the GEMMs' operands are
+    return linear(fusedSwiglu(linear(x, at::cat({wGate, wUp}), o.gemm), kernelBestIsa(), bf16), wDown, o.gemm);
+  }
   return linear(at::silu(linear(x, wGate, o.gemm)) * linear(x, wUp, o.gemm), wDown, o.gemm);
 }
 

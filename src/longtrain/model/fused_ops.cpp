@@ -73,18 +73,24 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
   }
 };
 
+// With saveBf16 the backward reads gu's bf16 copy, written in the forward's pass (half the
+// saved bytes; the bf16 GEMM route rounds gu to bf16 for the next GEMM's backward anyway).
 struct SwigluFn : torch::autograd::Function<SwigluFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gu, int64_t isa) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gu, int64_t isa, bool saveBf16) {
     at::NoGradGuard ng;
     const int64_t F = gu.size(-1) / 2, rows = gu.numel() / (2 * F);
     auto sizes = gu.sizes().vec();
     sizes.back() = F;
     auto h = at::empty(sizes, gu.options());
+    const auto gu16 = saveBf16 ? at::empty(gu.sizes(), gu.options().dtype(at::kBFloat16)) : at::Tensor();
     const auto& k = kernelsFor(isa);
     const float* gp = gu.data_ptr<float>();
     float* hp = h.data_ptr<float>();
-    forRowChunks(rows, [&](int64_t r0, int64_t n) { k.swigluForward(gp + r0 * 2 * F, hp + r0 * F, n, F); });
-    ctx->save_for_backward({gu});
+    auto* sp = saveBf16 ? reinterpret_cast<uint16_t*>(gu16.data_ptr<at::BFloat16>()) : nullptr;
+    forRowChunks(rows, [&](int64_t r0, int64_t n) {
+      k.swigluForward(gp + r0 * 2 * F, hp + r0 * F, sp ? sp + r0 * 2 * F : nullptr, n, F);
+    });
+    ctx->save_for_backward({saveBf16 ? gu16 : gu});
     ctx->saved_data["isa"] = isa;
     return h;
   }
@@ -94,12 +100,20 @@ struct SwigluFn : torch::autograd::Function<SwigluFn> {
     const auto gu = ctx->get_saved_variables()[0];
     auto dh = grads[0].contiguous();
     const int64_t F = gu.size(-1) / 2, rows = gu.numel() / (2 * F);
-    auto dgu = at::empty_like(gu);
+    auto dgu = at::empty(gu.sizes(), dh.options());
     const auto& k = kernelsFor(ctx->saved_data["isa"].toInt());
-    const float *gp = gu.data_ptr<float>(), *dp = dh.data_ptr<float>();
+    const float* dp = dh.data_ptr<float>();
     float* op = dgu.data_ptr<float>();
-    forRowChunks(rows, [&](int64_t r0, int64_t n) { k.swigluBackward(gp + r0 * 2 * F, dp + r0 * F, op + r0 * 2 * F, n, F); });
-    return {dgu, at::Tensor()};
+    if (gu.scalar_type() == at::kBFloat16) {
+      const auto* gp = reinterpret_cast<const uint16_t*>(gu.data_ptr<at::BFloat16>());
+      forRowChunks(rows, [&](int64_t r0, int64_t n) {
+        k.swigluBackwardBf16(gp + r0 * 2 * F, dp + r0 * F, op + r0 * 2 * F, n, F);
+      });
+    } else {
+      const float* gp = gu.data_ptr<float>();
+      forRowChunks(rows, [&](int64_t r0, int64_t n) { k.swigluBackward(gp + r0 * 2 * F, dp + r0 * F, op + r0 * 2 * F, n, F); });
+    }
+    return {dgu, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -163,10 +177,47 @@ at::Tensor fusedRmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, Ke
   return RmsNormFn::apply(x.contiguous(), w.contiguous(), eps, static_cast<int64_t>(isa));
 }
 
-at::Tensor fusedSwiglu(const at::Tensor& gu, KernelIsa isa) {
+at::Tensor fusedSwiglu(const at::Tensor& gu, KernelIsa isa, bool saveBf16) {
   LT_CHECK(gu.scalar_type() == at::kFloat && gu.size(-1) % 2 == 0,
            "fused SwiGLU: fp32 [.., 2F] (gate then up) expected, got ", gu.sizes());
-  return SwigluFn::apply(gu.contiguous(), static_cast<int64_t>(isa));
+  return SwigluFn::apply(gu.contiguous(), static_cast<int64_t>(isa), saveBf16);
+}
+
+at::Tensor toBf16(const at::Tensor& x, KernelIsa isa) {
+  LT_CHECK(x.scalar_type() == at::kFloat, "toBf16: fp32 expected, got ", x.scalar_type());
+  const auto xc = x.contiguous();
+  auto y = at::empty(xc.sizes(), xc.options().dtype(at::kBFloat16));
+  const auto& k = kernelsFor(static_cast<int64_t>(isa));
+  const float* xp = xc.data_ptr<float>();
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+  constexpr int64_t kBlock = 16384;  // elements per task
+  at::parallel_for(0, (xc.numel() + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
+    const int64_t e0 = b0 * kBlock, e1 = std::min(xc.numel(), b1 * kBlock);
+    k.toBf16(xp + e0, yp + e0, e1 - e0);
+  });
+  return y;
+}
+
+at::Tensor toBf16InPlace(const at::Tensor& x, KernelIsa isa) {
+  LT_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "toBf16InPlace: contiguous fp32 expected");
+  const auto& k = kernelsFor(static_cast<int64_t>(isa));
+  const int64_t n = x.numel();
+  float* xp = x.data_ptr<float>();
+  auto* yp = reinterpret_cast<uint16_t*>(xp);
+  // Element i is written to bytes [2i, 2i + 2) and read from [4i, 4i + 4). One thread converts
+  // [0, first) in order (a vector's writes land on floats it or an earlier vector read); then
+  // each wave [a, 2a) writes into floats [a/2, a), all read by earlier waves, so a wave's tasks
+  // may run in any order.
+  constexpr int64_t kFirst = 16384, kBlock = 16384;
+  k.toBf16(xp, yp, std::min(n, kFirst));
+  for (int64_t a = kFirst; a < n; a *= 2) {
+    const int64_t end = std::min(n, 2 * a);
+    at::parallel_for(0, (end - a + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
+      const int64_t e0 = a + b0 * kBlock, e1 = std::min(end, a + b1 * kBlock);
+      k.toBf16(xp + e0, yp + e0, e1 - e0);
+    });
+  }
+  return x.view(at::kBFloat16).reshape({-1}).narrow(0, 0, n).view(x.sizes());
 }
 
 }  // namespace lt::model

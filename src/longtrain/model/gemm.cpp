@@ -1,12 +1,20 @@
-// oneDNN's sgemm under autograd (gemm.h). Row-major throughout, as dnnl_sgemm is: the
-// backward's two products read the saved x and w in place, with transposes as flags.
+// oneDNN's GEMMs under autograd (gemm.h): fp32 through dnnl_sgemm, bf16 through its matmul
+// primitive with an fp32 result. Row-major throughout: the backward's two products read the saved
+// operands in place, with transposes as flags. Non-obvious: the bf16 route saves the bf16 copies
+// of x and w for backward (half the bytes of fp32) and never rounds a result or gradient to bf16.
 #include "longtrain/model/gemm.h"
 
 #include <ATen/ATen.h>
 #include <dnnl.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <map>
+#include <memory>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+
 #include "longtrain/core/check.h"
+#include "longtrain/model/fused_ops.h"
 
 namespace lt::model {
 namespace {
@@ -25,57 +33,131 @@ void sgemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const at::
            ", ", N, "]; set model.gemm=\"blas\" to use OpenBLAS");
 }
 
+// The bf16 matmul for one shape: oneDNN's primitive (AVX512_BF16 or AMX kernels where the CPU has
+// them), with a user scratchpad so that thread-ranks running at once share nothing.
+struct Bf16Matmul {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+};
+
+const dnnl::engine& cpuEngine() {
+  static const dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+// nullptr where oneDNN has no bf16 matmul for this CPU (2.6 needs AVX512 F/BW at least).
+const Bf16Matmul* bf16Matmul(bool transA, bool transB, int64_t M, int64_t N, int64_t K) {
+  using dt = dnnl::memory::data_type;
+  // Per thread (each thread-rank builds its own); a run has a handful of shapes, generation one per
+  // prompt length, so the cache is bounded by dropping it whole.
+  thread_local std::map<std::tuple<bool, bool, int64_t, int64_t, int64_t>, std::unique_ptr<Bf16Matmul>> cache;
+  const auto key = std::make_tuple(transA, transB, M, N, K);
+  if (auto it = cache.find(key); it != cache.end()) return it->second.get();
+  if (cache.size() >= 64) cache.clear();
+  const dnnl::memory::desc a({M, K}, dt::bf16, transA ? dnnl::memory::dims{1, M} : dnnl::memory::dims{K, 1});
+  const dnnl::memory::desc b({K, N}, dt::bf16, transB ? dnnl::memory::dims{1, K} : dnnl::memory::dims{N, 1});
+  const dnnl::memory::desc c({M, N}, dt::f32, dnnl::memory::dims{N, 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  std::unique_ptr<Bf16Matmul> mm;
+  try {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpuEngine());
+    mm = std::make_unique<Bf16Matmul>(Bf16Matmul{pd, dnnl::matmul(pd)});
+  } catch (const dnnl::error&) {
+    // left null: bf16gemm widens the operands instead
+  }
+  return cache.emplace(key, std::move(mm)).first->second.get();
+}
+
+// c [M, N] fp32 = op(a) op(b) with a, b bf16, contiguous. Without oneDNN's kernel, the same
+// product on the BLAS from the operands widened to fp32 (exact; slow, so bf16.enabled's "only if
+// faster" measurement never picks it; only bf16.only_if_faster=false runs it).
+void bf16gemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const at::Tensor& a, const at::Tensor& b,
+              at::Tensor& c) {
+  LT_ASSERT(a.is_contiguous() && b.is_contiguous() && c.is_contiguous() && a.scalar_type() == at::kBFloat16 &&
+            b.scalar_type() == at::kBFloat16 && c.scalar_type() == at::kFloat);
+  const Bf16Matmul* mm = bf16Matmul(transA, transB, M, N, K);
+  if (!mm) {
+    const auto wa = a.to(at::kFloat).view(transA ? at::IntArrayRef{K, M} : at::IntArrayRef{M, K});
+    const auto wb = b.to(at::kFloat).view(transB ? at::IntArrayRef{N, K} : at::IntArrayRef{K, N});
+    at::mm_out(c, transA ? wa.t() : wa, transB ? wb.t() : wb);
+    return;
+  }
+  const auto& engine = cpuEngine();
+  auto scratch = at::empty({static_cast<int64_t>(mm->pd.scratchpad_desc().get_size())}, at::kByte);
+  thread_local dnnl::stream stream(engine);
+  mm->prim.execute(stream, {{DNNL_ARG_SRC, dnnl::memory(mm->pd.src_desc(), engine, a.data_ptr())},
+                            {DNNL_ARG_WEIGHTS, dnnl::memory(mm->pd.weights_desc(), engine, b.data_ptr())},
+                            {DNNL_ARG_DST, dnnl::memory(mm->pd.dst_desc(), engine, c.data_ptr())},
+                            {DNNL_ARG_SCRATCHPAD, dnnl::memory(mm->pd.scratchpad_desc(), engine, scratch.data_ptr())}});
+  stream.wait();
+}
+
+// What a route's GEMM reads: the fp32 tensor itself, or its bf16 copy (a bf16 tensor as it is).
+at::Tensor operand(const at::Tensor& t, GemmRoute route) {
+  if (route != GemmRoute::Bf16 || t.scalar_type() == at::kBFloat16) return t.contiguous();
+  return toBf16(t);
+}
+
+void routeGemm(GemmRoute route, bool transA, bool transB, int64_t M, int64_t N, int64_t K, const at::Tensor& a,
+               const at::Tensor& b, at::Tensor& c) {
+  if (route == GemmRoute::Bf16) bf16gemm(transA, transB, M, N, K, a, b, c);
+  else sgemm(transA, transB, M, N, K, a, b, c);
+}
+
+// y = x w^T on a oneDNN route; saves the operands as the route reads them.
 struct OneDnnLinearFn : torch::autograd::Function<OneDnnLinearFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, int64_t route) {
     LT_CHECK(x.size(-1) == w.size(1), "linear: input width ", x.size(-1), " does not match the weight's ", w.size(1));
-    const auto xc = x.contiguous(), wc = w.contiguous();
-    const int64_t K = w.size(1), N = w.size(0), M = xc.numel() / K;
+    const auto r = static_cast<GemmRoute>(route);
+    const auto xo = operand(x, r), wo = operand(w, r);
+    const int64_t K = w.size(1), N = w.size(0), M = xo.numel() / K;
     auto sizes = x.sizes().vec();
     sizes.back() = N;
-    auto y = at::empty(sizes, x.options());
-    sgemm(false, true, M, N, K, xc, wc, y);
-    ctx->save_for_backward({xc, wc});
+    auto y = at::empty(sizes, x.options().dtype(at::kFloat));
+    routeGemm(r, false, true, M, N, K, xo, wo, y);
+    ctx->save_for_backward({xo, wo});
+    ctx->saved_data["route"] = route;
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w = saved[1];
-    const auto dy = grads[0].contiguous();
+    const auto r = static_cast<GemmRoute>(ctx->saved_data["route"].toInt());
+    const auto dy = operand(grads[0], r);
     const int64_t K = w.size(1), N = w.size(0), M = x.numel() / K;
     at::Tensor dx, dw;
     if (ctx->needs_input_grad(0)) {
-      dx = at::empty_like(x);
-      sgemm(false, false, M, K, N, dy, w, dx);  // [M, N] x [N, K]
+      dx = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+      routeGemm(r, false, false, M, K, N, dy, w, dx);  // [M, N] x [N, K]
     }
     if (ctx->needs_input_grad(1)) {
-      dw = at::empty_like(w);
-      sgemm(true, false, N, K, M, dy, x, dw);  // [N, M] x [M, K]
+      dw = at::empty(w.sizes(), w.options().dtype(at::kFloat));
+      routeGemm(r, true, false, N, K, M, dy, x, dw);  // [N, M] x [M, K]
     }
-    return {dx, dw};
+    return {dx, dw, at::Tensor()};
   }
 };
 
 }  // namespace
 
-at::Tensor oneDnnLinear(const at::Tensor& x, const at::Tensor& w) { return OneDnnLinearFn::apply(x, w); }
+at::Tensor oneDnnLinear(const at::Tensor& x, const at::Tensor& w, GemmRoute route) {
+  LT_ASSERT(route != GemmRoute::Blas);
+  return OneDnnLinearFn::apply(x, w, static_cast<int64_t>(route));
+}
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, GemmRoute route) {
-  switch (route) {
-    case GemmRoute::Blas: return at::linear(x, w);
-    case GemmRoute::OneDnn: return oneDnnLinear(x, w);
-    case GemmRoute::Bf16: break;
-  }
-  return at::linear(x.to(at::kBFloat16), w.to(at::kBFloat16)).to(at::kFloat);
+  if (route == GemmRoute::Blas) return at::linear(x, w);
+  return oneDnnLinear(x, w, route);
 }
 
 void matmulInto(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route) {
   LT_ASSERT(a.dim() == 2 && b.dim() == 2 && out.is_contiguous());
   const auto opA = transA ? a.t() : a, opB = transB ? b.t() : b;
   LT_ASSERT(opA.size(1) == opB.size(0) && out.size(0) == opA.size(0) && out.size(1) == opB.size(1));
-  if (route == GemmRoute::Blas) at::mm_out(out, opA, opB);
-  else if (route == GemmRoute::Bf16) out.copy_(at::mm(opA.to(at::kBFloat16), opB.to(at::kBFloat16)));
-  else sgemm(transA, transB, opA.size(0), opB.size(1), opA.size(1), a.contiguous(), b.contiguous(), out);
+  if (route == GemmRoute::Blas) return void(at::mm_out(out, opA, opB));
+  routeGemm(route, transA, transB, opA.size(0), opB.size(1), opA.size(1), operand(a, route), operand(b, route), out);
 }
 
 at::Tensor matmul(const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route) {
@@ -83,6 +165,5 @@ at::Tensor matmul(const at::Tensor& a, bool transA, const at::Tensor& b, bool tr
   matmulInto(out, a, transA, b, transB, route);
   return out;
 }
-
 
 }  // namespace lt::model

@@ -8,19 +8,20 @@
 
 namespace lt::model {
 
-// How a GEMM runs: ATen's fp32 (OpenBLAS), oneDNN's fp32 sgemm, or bf16 operands with an
-// fp32 result (ATen's, which is oneDNN's).
+// How a GEMM runs: ATen's fp32 (OpenBLAS), oneDNN's fp32 sgemm, or oneDNN's bf16 matmul: the
+// operands rounded to bf16 (their saved copies too), the product accumulated and returned in fp32.
 enum class GemmRoute { Blas, OneDnn, Bf16 };
 
 // x W^T by `route`, differentiable in both: the model's projections, MLP and LM head.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, GemmRoute route);
 
-// y = x w^T over x's last dimension (at::linear without a bias), differentiable in x and w.
-// fp32; x [..., K], w [N, K].
-at::Tensor oneDnnLinear(const at::Tensor& x, const at::Tensor& w);
+// y = x w^T over x's last dimension (at::linear without a bias) on a oneDNN route (OneDnn or
+// Bf16), differentiable in x and w. x [..., K], w [N, K] fp32; y and both gradients fp32.
+at::Tensor oneDnnLinear(const at::Tensor& x, const at::Tensor& w, GemmRoute route = GemmRoute::OneDnn);
 
-// out = op(a) op(b) by `route` for contiguous 2-D a, b and out (op: transposed when asked,
+// out = op(a) op(b) by `route` for contiguous 2-D a, b and fp32 out (op: transposed when asked,
 // read in place), without autograd: the fused LM head's three products and the peak measurement.
+// On the Bf16 route a and b may already be bf16 (then nothing is converted).
 // `matmul` allocates out.
 void matmulInto(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);
 at::Tensor matmul(const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);

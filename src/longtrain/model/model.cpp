@@ -256,11 +256,13 @@ Model::TileLoss Model::headLoss(const at::Tensor& h, const at::Tensor& shiftLabe
   p.div_(sumExp);
   p.scatter_add_(1, target, at::full_like(picked, -1.0));
   p.mul_(valid.unsqueeze(1).to(p.scalar_type()) * scale);
-  auto dw = matmul(p, true, x, false, gemm);  // [V, D]
+  // bf16 route: both products read one bf16 rounding of the gradient, in the buffer itself.
+  const auto dLogits = gemm == GemmRoute::Bf16 ? toBf16InPlace(p) : p;
+  auto dw = matmul(dLogits, true, x, false, gemm);  // [V, D]
   auto& acc = const_cast<at::Tensor&>(w).mutable_grad();
   if (acc.defined()) acc.add_(dw);
   else acc = dw;
-  auto dx = matmul(p, false, wd, false, gemm).view_as(hn);
+  auto dx = matmul(dLogits, false, wd, false, gemm).view_as(hn);
   p = at::Tensor();  // before the norm's backward
   {
     at::AutoGradMode grad(true);

@@ -1,4 +1,4 @@
-// The fused RMSNorm, SwiGLU and RoPE kernels' raw interface over plain float rows, compiled once per
+// The fused RMSNorm, SwiGLU and RoPE kernels' (and the bf16 GEMM route's conversion) raw interface over plain float rows, compiled once per
 // ISA (pointwise_kernels.inc) and reached only through fused_ops.cpp's dispatch. Each function
 // makes one pass over its rows; no libtorch here.
 #pragma once
@@ -12,16 +12,20 @@ struct Kernels {
   // dx = rstd * (g - x * rstd^2 * mean(g * x)) with g = dy * w; dwAcc[d] += sum_r dy * x * rstd.
   void (*rmsNormBackward)(const float* x, const float* w, const float* rstd, const float* dy, float* dx,
                           float* dwAcc, int64_t rows, int64_t D);
-  // h = silu(gate) * up, where row r of gu holds gate (F floats) then up (F floats).
-  void (*swigluForward)(const float* gu, float* h, int64_t rows, int64_t F);
-  // dgu = [dh * up * silu'(gate), dh * silu(gate)], rows as gu.
+  // h = silu(gate) * up, where row r of gu holds gate (F floats) then up (F floats); with
+  // gu16, also gu's bf16 bits (as toBf16), in the same pass.
+  void (*swigluForward)(const float* gu, float* h, uint16_t* gu16, int64_t rows, int64_t F);
+  // dgu = [dh * up * silu'(gate), dh * silu(gate)], rows as gu; the second form reads gu as bf16.
   void (*swigluBackward)(const float* gu, const float* dh, float* dgu, int64_t rows, int64_t F);
+  void (*swigluBackwardBf16)(const uint16_t* gu16, const float* dh, float* dgu, int64_t rows, int64_t F);
   // Rotary embedding, half-split layout, for `tokens` tokens of H heads of Dh = 2 x half:
   // out = [x1 c - x2 s, x2 c + x1 s] with c, s the token's [half] row of cos, sin. x's tokens
   // are xStride floats apart (heads contiguous within); out is contiguous [tokens, H, Dh].
   // The backward is the same rotation by -angle (sign = -1).
   void (*rope)(const float* x, int64_t xStride, const float* cos, const float* sin, float* out, int64_t tokens,
                int64_t H, int64_t half, float sign);
+  // y = bf16 bits of x, rounded to nearest even, NaN -> 0x7FC0: c10::BFloat16's rounding exactly.
+  void (*toBf16)(const float* x, uint16_t* y, int64_t n);
 };
 
 #define LT_POINTWISE_DECLARE(isa) Kernels kernels_##isa();

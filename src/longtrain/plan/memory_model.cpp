@@ -192,7 +192,13 @@ void mlpCost(const config::Config& c, const Dims& d, Bytes& savedMlp, Bytes& mlp
   // product (4 uF); TiledMLP saves only its input (already counted as m).
   // Fused: the norm saves 1 uD; the gate/up GEMM's output [B, S/P, 2F] is what the fused
   // SwiGLU saves, its product (uF) is saved by down_proj, and [wGate; wUp] by the GEMM.
-  savedMlp.add(fusedOps ? 1 : 2, uD);
+  // The bf16 GEMM route (bf16.enabled, when the engine chose it) with fused ops: the GEMMs save
+  // bf16 copies of their inputs, so the normed inputs of q/k/v and gate/up halve (-1 uD) while
+  // o_proj adds a half-size copy of the attention output that the kernel keeps in fp32
+  // (+0.5 uD); SwiGLU saves gu as bf16 (2 -> 1 uF) and down_proj its input (1 -> 0.5 uF).
+  // TiledMLP saves its fp32 input itself: only the attention half's -0.5 + 0.5 uD, i.e. nothing.
+  const bool bf16 = c.model.bf16Compute && fusedOps;
+  savedMlp.add(fusedOps ? (bf16 && !c.model.tiledMlp ? 0.5 : 1) : 2, uD);
   if (fusedOps) savedMlp.add(2, d.D * d.F * kF);
   if (c.model.tiledMlp) {
     // TiledMlpFn::backward: dx (uD), zeroed weight-gradient accumulators and one shard's
@@ -205,8 +211,8 @@ void mlpCost(const config::Config& c, const Dims& d, Bytes& savedMlp, Bytes& mlp
   } else {
     // d(product), d(silu), d(up) coexist at the mul's backward (3 uF), then dm (uD); fused:
     // d(product) and d(gate, up) (3 uF).
-    savedMlp.add(fusedOps ? 3 : 4, uF);
-    mlpWork.add(3, uF);
+    savedMlp.add(fusedOps ? (bf16 ? 1.5 : 3) : 4, uF);
+    mlpWork.add(bf16 ? 4 : 3, uF);  // bf16: the gate/up GEMM's backward rounds d(gate, up) (+1 uF)
     mlpWork.add(1, uD);
   }
 }

@@ -98,8 +98,8 @@ Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg
             "disagree: config validated for another world size");
   LT_ASSERT(lay.R == 1 || (groups_.spRing && groups_.spRing->size() == lay.R), "the config resolves SP to ",
             lay.describe(), " but comm::makeGroups was given no ring degree ", lay.R);
-  if (cfg_.bf16) cfg_.model.bf16Compute = chooseBf16();
-  if (!cfg_.model.bf16Compute) cfg_.model.oneDnnGemm = chooseOneDnnGemm();
+  cfg_.model.oneDnnGemm = chooseOneDnnGemm();
+  if (cfg_.bf16) cfg_.model.bf16Compute = chooseBf16();  // against the fp32 route just chosen
   cfg_.model.packedDocuments = cfg_.data.packing == "documents";
   // With init_from the weights come from its safetensors (loadInitialWeights, below).
   model_ = std::make_unique<model::Model>(cfg_.model, cfg_.seed, /*initialize=*/cfg_.model.initFrom.empty());
@@ -270,15 +270,16 @@ void Engine::makeActivationOffload() {
 Engine::~Engine() = default;
 
 bool Engine::chooseBf16() {
-  const double fp32 = measureGemmPeakFlops(model::GemmRoute::Blas), bf16 = measureGemmPeakFlops(model::GemmRoute::Bf16);
+  const double fp32 = measureGemmPeakFlops(cfg_.model.oneDnnGemm ? model::GemmRoute::OneDnn : model::GemmRoute::Blas);
+  const double bf16 = measureGemmPeakFlops(model::GemmRoute::Bf16);
   // Every rank must build the same model: bf16 only if it is faster on every rank.
   auto t = at::tensor({bf16 > fp32 || !cfg_.bf16OnlyIfFaster ? 1.0 : 0.0}, at::kDouble);
   groups_.world->allReduce(t, comm::ReduceOp::Min).wait();
   const bool use = t.item<double>() > 0;
   gemmPeakFlops_ = use ? bf16 : fp32;
   if (groups_.world->rank() == 0)
-    std::printf("longtrain: bf16.enabled: bf16 GEMM %.1f GFLOP/s against fp32 %.1f on this CPU (1024^3, %d threads): %s\n",
-                bf16 / 1e9, fp32 / 1e9, at::get_num_threads(),
+    std::printf("longtrain: bf16.enabled: bf16 GEMM %.1f GFLOP/s against fp32 (%s) %.1f on this CPU (1024^3, %d threads): %s\n",
+                bf16 / 1e9, cfg_.model.oneDnnGemm ? "oneDNN" : "BLAS", fp32 / 1e9, at::get_num_threads(),
                 use ? "GEMMs run in bf16, weights and optimizer in fp32"
                     : "bf16 is slower here, training runs in fp32 (bf16.only_if_faster=false forces bf16)");
   return use;

@@ -17,8 +17,8 @@ namespace lt::train {
 double modelFlopsPerToken(const model::ModelConfig& m, int64_t seqLen);
 
 // Best-of-several GEMM rate (FLOP/s) at the current at::get_num_threads() by `route`: fp32
-// through ATen (OpenBLAS) or oneDNN's sgemm, or bf16 (libtorch's bf16 GEMM is oneDNN's:
-// AVX512_BF16 / AMX where the CPU has them, slow elsewhere).
+// through ATen (OpenBLAS) or oneDNN's sgemm, or bf16 operands with an fp32 result (oneDNN's
+// matmul: AVX512_BF16 / AMX where the CPU has them; widened to fp32, slowly, where it has none).
 double measureGemmPeakFlops(model::GemmRoute route = model::GemmRoute::Blas);
 
 // Largest error of an fp32 GEMM route (at::mm, or oneDNN's sgemm) against a double-precision
