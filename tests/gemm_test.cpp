@@ -94,13 +94,16 @@ TEST(Bf16Gemm, InPlaceConversionEqualsTheCopy) {
 
 // The bf16 route computes exactly what it claims: the product of the bf16-rounded operands,
 // accumulated in fp32, returned in fp32 (never rounded to bf16). The reference forms those
-// products in fp32 with ATen; forward and both gradients, odd shapes, leading dims.
+// products in fp32 with ATen; forward and both gradients, odd shapes, leading dims; on oneDNN's
+// kernel and on the widened fallback that CPUs without one run.
 TEST(Bf16Gemm, LinearIsFp32MathOnBf16RoundedOperands) {
   const std::vector<std::pair<std::vector<int64_t>, int64_t>> cases = {
       {{1, 1}, 1}, {{7, 13}, 5}, {{2, 7, 13}, 5}, {{3, 33, 64}, 129}, {{2, 65, 256}, 704}};
   at::manual_seed(11);
   auto rounded = [](const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kFloat); };
+  for (bool widened : {false, true})
   for (const auto& [xs, n] : cases) {
+    lt::model::forceWidenedBf16ForTesting(widened);
     const auto x = at::randn(xs), w = at::randn({n, xs.back()});
     auto ys = xs;
     ys.back() = n;
@@ -110,12 +113,13 @@ TEST(Bf16Gemm, LinearIsFp32MathOnBf16RoundedOperands) {
     y.backward(dy);
     const auto x2 = rounded(x).reshape({-1, xs.back()}), dy2 = rounded(dy).reshape({-1, n});
     const std::string what = std::to_string(xs.size()) + "-d x, last " + std::to_string(xs.back()) + ", n " +
-                             std::to_string(n);
+                             std::to_string(n) + (widened ? ", widened" : "");
     ASSERT_EQ(y.scalar_type(), at::kFloat) << what;
     EXPECT_LE(relErr(y, at::linear(rounded(x), rounded(w))), Tol::kFusedKernel) << what;
     EXPECT_LE(relErr(xi.grad(), at::mm(dy2, rounded(w)).view(xs)), Tol::kFusedKernel) << what;
     EXPECT_LE(relErr(wi.grad(), at::mm(dy2.t(), x2)), Tol::kFusedKernel) << what;
   }
+  lt::model::forceWidenedBf16ForTesting(false);
   // Not fp32 in disguise: against the unrounded operands the difference is bf16's, not fp32's.
   const auto x = at::randn({64, 96}), w = at::randn({32, 96});
   EXPECT_GT(relErr(lt::model::linear(x, w, lt::model::GemmRoute::Bf16), at::linear(x, w)), 1e-4);

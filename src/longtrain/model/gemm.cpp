@@ -8,9 +8,11 @@
 #include <dnnl.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <string>
 #include <tuple>
 
 #include "longtrain/core/check.h"
@@ -45,6 +47,8 @@ const dnnl::engine& cpuEngine() {
   return e;
 }
 
+std::atomic<bool> widenedBf16ForTesting{false};
+
 // nullptr where oneDNN has no bf16 matmul for this CPU (2.6 needs AVX512 F/BW at least).
 const Bf16Matmul* bf16Matmul(bool transA, bool transB, int64_t M, int64_t N, int64_t K) {
   using dt = dnnl::memory::data_type;
@@ -62,7 +66,9 @@ const Bf16Matmul* bf16Matmul(bool transA, bool transB, int64_t M, int64_t N, int
   std::unique_ptr<Bf16Matmul> mm;
   try {
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpuEngine());
-    mm = std::make_unique<Bf16Matmul>(Bf16Matmul{pd, dnnl::matmul(pd)});
+    // oneDNN's reference kernel (any CPU) runs at ~1 GFLOP/s; the BLAS on widened operands is faster.
+    if (std::string(pd.impl_info_str()).rfind("ref", 0) != 0)
+      mm = std::make_unique<Bf16Matmul>(Bf16Matmul{pd, dnnl::matmul(pd)});
   } catch (const dnnl::error&) {
     // left null: bf16gemm widens the operands instead
   }
@@ -76,11 +82,12 @@ void bf16gemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const a
               at::Tensor& c) {
   LT_ASSERT(a.is_contiguous() && b.is_contiguous() && c.is_contiguous() && a.scalar_type() == at::kBFloat16 &&
             b.scalar_type() == at::kBFloat16 && c.scalar_type() == at::kFloat);
-  const Bf16Matmul* mm = bf16Matmul(transA, transB, M, N, K);
+  const Bf16Matmul* mm = widenedBf16ForTesting ? nullptr : bf16Matmul(transA, transB, M, N, K);
   if (!mm) {
     const auto wa = a.to(at::kFloat).view(transA ? at::IntArrayRef{K, M} : at::IntArrayRef{M, K});
     const auto wb = b.to(at::kFloat).view(transB ? at::IntArrayRef{N, K} : at::IntArrayRef{K, N});
-    at::mm_out(c, transA ? wa.t() : wa, transB ? wb.t() : wb);
+    auto c2 = c.view({M, N});  // c has its caller's shape (e.g. dx: x's)
+    at::mm_out(c2, transA ? wa.t() : wa, transB ? wb.t() : wb);
     return;
   }
   const auto& engine = cpuEngine();
@@ -141,6 +148,8 @@ struct OneDnnLinearFn : torch::autograd::Function<OneDnnLinearFn> {
 };
 
 }  // namespace
+
+void forceWidenedBf16ForTesting(bool on) { widenedBf16ForTesting = on; }
 
 at::Tensor oneDnnLinear(const at::Tensor& x, const at::Tensor& w, GemmRoute route) {
   LT_ASSERT(route != GemmRoute::Blas);

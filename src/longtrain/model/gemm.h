@@ -26,4 +26,8 @@ at::Tensor oneDnnLinear(const at::Tensor& x, const at::Tensor& w, GemmRoute rout
 void matmulInto(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);
 at::Tensor matmul(const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);
 
+// Tests: the bf16 route's products on operands widened to fp32 (what a CPU without a oneDNN bf16
+// kernel runs), whatever this CPU has. Process-wide.
+void forceWidenedBf16ForTesting(bool on);
+
 }  // namespace lt::model
