@@ -169,16 +169,13 @@ int64_t Executor::lossTile(int64_t S) const {
 }
 
 namespace {
-void addLoss(const model::LossSum& ls, MicroBatchStats& st) {
-  st.lossSum += ls.sum.item<double>();
-  st.tokens += ls.count;
-  st.correct += ls.correct;
+void addLoss(double sum, int64_t count, int64_t correct, MicroBatchStats& st) {
+  st.lossSum += sum;
+  st.tokens += count;
+  st.correct += correct;
 }
-void addLoss(const model::Model::TileLoss& tl, MicroBatchStats& st) {
-  st.lossSum += tl.sum;
-  st.tokens += tl.count;
-  st.correct += tl.correct;
-}
+void addLoss(const model::LossSum& ls, MicroBatchStats& st) { addLoss(ls.sum.item<double>(), ls.count, ls.correct, st); }
+void addLoss(const model::Model::TileLoss& tl, MicroBatchStats& st) { addLoss(tl.sum, tl.count, tl.correct, st); }
 }  // namespace
 
 void Executor::loss(const at::Tensor& h, const at::Tensor& shiftLabels, MicroBatchStats& st) const {

@@ -117,6 +117,15 @@ struct SwigluFn : torch::autograd::Function<SwigluFn> {
   }
 };
 
+// y[i] = bf16 bits of x[i] for i in [begin, end), in tasks of kBlock elements on ATen's threads.
+void toBf16Range(const pointwise_detail::Kernels& k, const float* x, uint16_t* y, int64_t begin, int64_t end) {
+  constexpr int64_t kBlock = 16384;
+  at::parallel_for(0, (end - begin + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
+    const int64_t e0 = begin + b0 * kBlock, e1 = std::min(end, begin + b1 * kBlock);
+    k.toBf16(x + e0, y + e0, e1 - e0);
+  });
+}
+
 // Rows of x: tokens B*S, each xStride floats apart; out contiguous.
 void ropeRun(const pointwise_detail::Kernels& k, const at::Tensor& x, int64_t xStride, const at::Tensor& cos,
              const at::Tensor& sin, at::Tensor& out, float sign) {
@@ -187,14 +196,8 @@ at::Tensor toBf16(const at::Tensor& x, KernelIsa isa) {
   LT_CHECK(x.scalar_type() == at::kFloat, "toBf16: fp32 expected, got ", x.scalar_type());
   const auto xc = x.contiguous();
   auto y = at::empty(xc.sizes(), xc.options().dtype(at::kBFloat16));
-  const auto& k = kernelsFor(static_cast<int64_t>(isa));
-  const float* xp = xc.data_ptr<float>();
-  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-  constexpr int64_t kBlock = 16384;  // elements per task
-  at::parallel_for(0, (xc.numel() + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
-    const int64_t e0 = b0 * kBlock, e1 = std::min(xc.numel(), b1 * kBlock);
-    k.toBf16(xp + e0, yp + e0, e1 - e0);
-  });
+  toBf16Range(kernelsFor(static_cast<int64_t>(isa)), xc.data_ptr<float>(),
+              reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), 0, xc.numel());
   return y;
 }
 
@@ -208,15 +211,9 @@ at::Tensor toBf16InPlace(const at::Tensor& x, KernelIsa isa) {
   // [0, first) in order (a vector's writes land on floats it or an earlier vector read); then
   // each wave [a, 2a) writes into floats [a/2, a), all read by earlier waves, so a wave's tasks
   // may run in any order.
-  constexpr int64_t kFirst = 16384, kBlock = 16384;
+  constexpr int64_t kFirst = 16384;
   k.toBf16(xp, yp, std::min(n, kFirst));
-  for (int64_t a = kFirst; a < n; a *= 2) {
-    const int64_t end = std::min(n, 2 * a);
-    at::parallel_for(0, (end - a + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
-      const int64_t e0 = a + b0 * kBlock, e1 = std::min(end, a + b1 * kBlock);
-      k.toBf16(xp + e0, yp + e0, e1 - e0);
-    });
-  }
+  for (int64_t a = kFirst; a < n; a *= 2) toBf16Range(k, xp, yp, a, std::min(n, 2 * a));
   return x.view(at::kBFloat16).reshape({-1}).narrow(0, 0, n).view(x.sizes());
 }
 

@@ -49,7 +49,8 @@ const dnnl::engine& cpuEngine() {
 
 std::atomic<bool> widenedBf16ForTesting{false};
 
-// nullptr where oneDNN has no bf16 matmul for this CPU (2.6 needs AVX512 F/BW at least).
+// nullptr where oneDNN has no bf16 matmul for this CPU but its reference one (2.6's own kernels
+// need AVX-512).
 const Bf16Matmul* bf16Matmul(bool transA, bool transB, int64_t M, int64_t N, int64_t K) {
   using dt = dnnl::memory::data_type;
   // Per thread (each thread-rank builds its own); a run has a handful of shapes, generation one per

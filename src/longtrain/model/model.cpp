@@ -263,7 +263,6 @@ Model::TileLoss Model::headLoss(const at::Tensor& h, const at::Tensor& shiftLabe
   if (acc.defined()) acc.add_(dw);
   else acc = dw;
   auto dx = matmul(dLogits, false, wd, false, gemm).view_as(hn);
-  p = at::Tensor();  // before the norm's backward
   {
     at::AutoGradMode grad(true);
     hn.backward(dx);

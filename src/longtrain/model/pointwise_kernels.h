@@ -1,6 +1,6 @@
-// The fused RMSNorm, SwiGLU and RoPE kernels' (and the bf16 GEMM route's conversion) raw interface over plain float rows, compiled once per
-// ISA (pointwise_kernels.inc) and reached only through fused_ops.cpp's dispatch. Each function
-// makes one pass over its rows; no libtorch here.
+// The fused RMSNorm, SwiGLU and RoPE kernels' (and the bf16 GEMM route's conversion) raw
+// interface over plain float rows, compiled once per ISA (pointwise_kernels.inc) and reached only
+// through fused_ops.cpp's dispatch. Each function makes one pass over its rows; no libtorch here.
 #pragma once
 #include <cstdint>
 
