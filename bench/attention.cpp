@@ -1,14 +1,18 @@
 // bench/attention: causal attention forward + backward at the long shape (seq 4096, 8 query heads,
 // 4 kv heads, head dim 16; and head dim 32, 64 at seq 2048) for naive ATen attention, today's chunked
-// path (tile 256), and the fused kernel per ISA this CPU runs, each in GFLOP/s of causal-attention
-// model FLOPs (6 S^2 D per head: QK^T and PV forward, four products backward, halved by the mask)
-// and as % of the fp32 GEMM peak measured first in the same binary. Each fused row first checks
-// its output and gradients against the naive path (relative 1e-5) and aborts the bench if not.
+// path (tile 256), and the fused kernel per ISA this CPU runs (and its bf16 products where the CPU
+// has AVX512_BF16), each in GFLOP/s of causal-attention model FLOPs (6 S^2 D per head: six
+// products of 2 S^2 D FLOPs, QK^T and PV forward and four backward, halved by the mask; the
+// recomputed QK^T is not counted) and as % of the fp32 GEMM peak of the model's fastest fp32
+// route (oneDNN's sgemm or the BLAS), measured first in the same binary. Each fused row first
+// checks its output and gradients against the naive path (relative 1e-5; the bf16 row 2e-2,
+// tests/testing.h's kBf16Attention) and aborts the bench if not.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -47,12 +51,12 @@ double relErr(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
 }
 
-void checkAgainstNaive(Inputs& in, const AttnFn& fn, const std::string& name) {
+void checkAgainstNaive(Inputs& in, const AttnFn& fn, const std::string& name, double tolerance) {
   AttnFn naive = [](auto& q, auto& k, auto& v) { return lt::model::causalAttention(q, k, v); };
   auto ref = step(in, naive), got = step(in, fn);
   for (size_t i = 0; i < ref.size(); ++i) {
     const double e = relErr(got[i], ref[i]);
-    if (e > 1e-5) {
+    if (e > tolerance) {
       std::fprintf(stderr, "bench/attention: %s disagrees with naive attention (tensor %zu, rel %.3g)\n", name.c_str(),
                    i, e);
       std::exit(1);
@@ -61,35 +65,43 @@ void checkAgainstNaive(Inputs& in, const AttnFn& fn, const std::string& name) {
 }
 
 double gemmPeak() {
-  static const double peak = lt::train::measureGemmPeakFlops();
+  static const double peak = std::max(lt::train::measureGemmPeakFlops(lt::model::GemmRoute::Blas),
+                                      lt::train::measureGemmPeakFlops(lt::model::GemmRoute::OneDnn));
   return peak;
 }
 
-void run(benchmark::State& state, const AttnFn& fn, const std::string& name, bool check) {
+// tolerance < 0: no check (the reference rows themselves).
+void run(benchmark::State& state, const AttnFn& fn, const std::string& name, double tolerance) {
   const int64_t S = state.range(0), D = state.range(1);
   auto in = makeInputs(S, D);
-  if (check) checkAgainstNaive(in, fn, name);
+  if (tolerance >= 0) checkAgainstNaive(in, fn, name, tolerance);
   for (auto _ : state) benchmark::DoNotOptimize(step(in, fn));
-  const double flops = 6.0 * 8 * S * static_cast<double>(S) * D / 2;
+  const double flops = 6.0 * 8 * S * static_cast<double>(S) * D;  // 8 query heads
   state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["%peak"] = benchmark::Counter(flops / gemmPeak() * 100, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void registerAll() {
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{4096, 16}, {2048, 32}, {2048, 64}};
-  auto add = [&](const std::string& name, AttnFn fn, bool check) {
-    auto* b = benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& s) { run(s, fn, name, check); });
+  auto add = [&](const std::string& name, AttnFn fn, double tolerance) {
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& s) { run(s, fn, name, tolerance); });
     for (auto [S, D] : shapes) b->Args({S, D});
     b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
   };
-  add("naive", [](auto& q, auto& k, auto& v) { return lt::model::causalAttention(q, k, v); }, false);
-  add("chunked256", [](auto& q, auto& k, auto& v) { return lt::model::chunkedAttention(q, k, v, 256); }, false);
+  add("naive", [](auto& q, auto& k, auto& v) { return lt::model::causalAttention(q, k, v); }, -1);
+  add("chunked256", [](auto& q, auto& k, auto& v) { return lt::model::chunkedAttention(q, k, v, 256); }, -1);
   for (auto isa : {lt::model::KernelIsa::Baseline, lt::model::KernelIsa::Avx2, lt::model::KernelIsa::Avx512}) {
     if (!lt::model::kernelIsaSupported(isa)) continue;
     lt::model::FusedAttentionOptions o;
     o.isa = isa;
     add(std::string("fused_") + lt::model::kernelIsaName(isa),
-        [o](auto& q, auto& k, auto& v) { return lt::model::fusedAttention(q, k, v, o); }, true);
+        [o](auto& q, auto& k, auto& v) { return lt::model::fusedAttention(q, k, v, o); }, 1e-5);
+  }
+  if (lt::model::fusedAttentionBf16Supported()) {
+    lt::model::FusedAttentionOptions o;
+    o.isa = lt::model::KernelIsa::Avx512;
+    o.bf16 = true;
+    add("fused_avx512_bf16", [o](auto& q, auto& k, auto& v) { return lt::model::fusedAttention(q, k, v, o); }, 2e-2);
   }
 }
 
@@ -98,7 +110,8 @@ void registerAll() {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   at::set_num_threads(static_cast<int>(std::thread::hardware_concurrency()));  // as a 1-rank run (train.threads 0)
-  std::printf("threads %d, fp32 GEMM peak %.1f GFLOP/s\n", at::get_num_threads(), gemmPeak() * 1e-9);
+  std::printf("threads %d, fp32 GEMM peak %.1f GFLOP/s (the faster of the BLAS and oneDNN)\n", at::get_num_threads(),
+              gemmPeak() * 1e-9);
   registerAll();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -154,6 +154,43 @@ TEST(FusedAttention, BitIdenticalAcrossThreadCounts) {
   EXPECT_TRUE(at::equal(one.dv, two.dv));
 }
 
+// bf16 tile products (AVX512_BF16): every product's operands rounded to bf16, sums in fp32. Against
+// naive fp32 attention within the bf16 tolerance at every shape (odd lengths give odd reduction
+// lengths, whose last pair is padded), GQA ratio and the document mask; and measurably not the fp32
+// kernel (a dispatch that silently ran fp32 would pass the tolerance otherwise).
+TEST(FusedAttention, Bf16ProductsEqualNaiveWithinBf16Rounding) {
+  if (!lt::model::fusedAttentionBf16Supported()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(15);
+  auto check = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& start,
+                   int64_t tile, const std::string& what) {
+    auto up = at::randn(q.sizes(), gen);
+    lt::model::FusedAttentionOptions o;
+    o.tile = tile;
+    o.documentStart = start;
+    auto ref = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) {
+      return start.defined() ? maskedReference(a, b, c, start) : lt::model::causalAttention(a, b, c);
+    });
+    auto fp32 = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return lt::model::fusedAttention(a, b, c, o); });
+    o.bf16 = true;
+    auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return lt::model::fusedAttention(a, b, c, o); });
+    const std::vector<std::pair<at::Tensor, at::Tensor>> pairs = {
+        {got.out, ref.out}, {got.dq, ref.dq}, {got.dk, ref.dk}, {got.dv, ref.dv}};
+    const char* names[] = {"output", "dq", "dk", "dv"};
+    for (size_t i = 0; i < pairs.size(); ++i)
+      EXPECT_LE(relErr(pairs[i].first, pairs[i].second), Tol::kBf16Attention) << what << " " << names[i];
+    EXPECT_GT(relErr(got.out, fp32.out), 1e-5) << what << ": the bf16 products gave fp32's result";
+  };
+  for (const auto& c : kCases) {
+    auto [B, S, H, KV, D, T] = c;
+    auto q = at::randn({B, S, H, D}, gen), k = at::randn({B, S, KV, D}, gen), v = at::randn({B, S, KV, D}, gen);
+    check(q, k, v, at::Tensor(), T, describe(c, KernelIsa::Avx512) + " bf16");
+  }
+  const int64_t B = 1, S = 75, H = 4, KV = 2, D = 16;
+  auto pos = at::cat({at::arange(20, at::kLong), at::arange(1, at::kLong), at::arange(54, at::kLong)}).view({B, S});
+  auto q = at::randn({B, S, H, D}, gen), k = at::randn({B, S, KV, D}, gen), v = at::randn({B, S, KV, D}, gen);
+  check(q, k, v, lt::model::documentStartFromPositions(pos), 16, "documents bf16");
+}
+
 TEST(FusedAttention, BadArgumentsAreNamed) {
   auto q = at::randn({1, 8, 4, 8}), k = at::randn({1, 8, 3, 8});
   EXPECT_NE(lt::testing::errorOf([&] { lt::model::fusedAttention(q, k, k); }).find("not a multiple of 3 kv heads"),

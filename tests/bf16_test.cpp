@@ -1,12 +1,13 @@
 // bf16 mixed precision (bf16.enabled): GEMMs in bf16 with fp32 weights, gradients and Adam.
 // Losses track fp32 over 50 steps of a quick-start-like run (forced with bf16.only_if_faster =
-// false, so the test runs on CPUs where bf16 is slower too), the parameters stay fp32, and
-// fp16 is refused by name.
+// false, so the test runs on CPUs where bf16 is slower too), with and without bf16 attention
+// (bf16.attention), the parameters stay fp32, and fp16 is refused by name.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "longtrain/model/fused_attention.h"
 #include "testing.h"
 
 namespace {
@@ -35,6 +36,14 @@ TEST(Bf16, LossesTrackFp32OverFiftySteps) {
   EXPECT_GT(std::abs(bf16.losses[0] - fp32.losses[0]), 0.0);
   for (const auto& p : bf16.params) EXPECT_EQ(p.scalar_type(), at::kFloat);
   EXPECT_LT(bf16.losses[49], 0.8 * bf16.losses[0]);  // and it learns
+  // bf16.attention=false keeps the attention kernel fp32: still within the tolerance, and where
+  // the CPU runs bf16 attention (AVX512_BF16) the losses differ, so the key reaches the kernel.
+  j["bf16"]["attention"] = false;
+  EXPECT_FALSE(lt::config::parseConfig(j, 1).model.bf16Attention);
+  auto fp32Attention = lt::testing::trainOnRanks(j, 1, 1, 50)[0];
+  for (int s = 0; s < 50; ++s)
+    EXPECT_LE(std::abs(fp32Attention.losses[s] - fp32.losses[s]) / fp32.losses[s], Tol::kBf16Loss) << "step " << s;
+  if (lt::model::fusedAttentionBf16Supported()) EXPECT_NE(fp32Attention.losses[5], bf16.losses[5]);
 }
 
 TEST(Bf16, Fp16IsRefusedByName) {

@@ -38,6 +38,9 @@ struct ModelConfig {
   // Set by the engine, not parsed. GEMMs (projections, MLP, LM head) in bf16 with fp32
   // outputs (bf16.enabled, when the CPU's bf16 GEMM is faster); the rest stays fp32.
   bool bf16Compute = false;
+  // bf16.attention: under bf16Compute, the fused attention's tile products on bf16 operands too
+  // (where the CPU has AVX512_BF16); false keeps attention fp32.
+  bool bf16Attention = true;
   // fp32 GEMMs: "blas" (ATen's: OpenBLAS), "onednn" (oneDNN's sgemm, its kernel chosen from
   // cpuid) or "auto": whichever the engine measures faster on every rank at start-up.
   std::string gemm = "auto";

@@ -91,6 +91,7 @@ void parsePrecision(JsonReader& root, Config& c) {
   JsonReader b = root.sub("bf16");
   c.bf16 = b.getBool("enabled", c.bf16);
   c.bf16OnlyIfFaster = b.getBool("only_if_faster", c.bf16OnlyIfFaster);
+  c.model.bf16Attention = b.getBool("attention", c.model.bf16Attention);
   b.finish();
   JsonReader h = root.sub("fp16");
   LT_CHECK(!h.getBool("enabled", false), h.name("enabled"), " = true: fp16 with loss scaling is not implemented in ",
@@ -292,10 +293,10 @@ Config parseConfig(const json& j, int world) {
   parseTopLevel(root, c);
   c.optimizer = parseOptimizer(root.sub("optimizer"));
   c.scheduler = parseScheduler(root.sub("scheduler"), root.has("scheduler"));
-  parsePrecision(root, c);
   c.zero = parseZero(root.sub("zero_optimization"));
   c.compile = parseCompile(root.sub("compile"));
   c.model = parseModel(root.sub("model"));
+  parsePrecision(root, c);  // after the model: bf16.attention is a model setting
   c.data = parseData(root.sub("data"), c.model);
   c.train = parseTrain(root.sub("train"));
   root.finish();

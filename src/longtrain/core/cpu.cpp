@@ -50,6 +50,7 @@ CpuIsa cpuIsa() {
   isa.avx2Fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   isa.avx512 = isa.avx2Fma && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  isa.avx512Bf16 = isa.avx512 && __builtin_cpu_supports("avx512bf16");
   isa.amd = __builtin_cpu_is("amd");
   return isa;
 }

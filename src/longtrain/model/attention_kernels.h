@@ -46,6 +46,7 @@ using BackwardTask = void (*)(const Backward& a, int64_t b, int64_t g, float* sc
 LT_ATTN_DECLARE(baseline)
 LT_ATTN_DECLARE(avx2)
 LT_ATTN_DECLARE(avx512)
+LT_ATTN_DECLARE(avx512bf16)  // AVX-512 F + AVX512_BF16: tile products on bf16 operands
 #undef LT_ATTN_DECLARE
 
 }  // namespace lt::model::attn_detail

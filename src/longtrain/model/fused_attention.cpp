@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/cpu.h"
 #include "longtrain/core/trace.h"
 #include "longtrain/model/attention_kernels.h"
 
@@ -33,9 +34,15 @@ struct Kernels {
   attn_detail::BackwardTask backward;
 };
 
-Kernels kernelsFor(KernelIsa isa) {
+Kernels kernelsFor(KernelIsa isa, bool bf16) {
   LT_CHECK(kernelIsaSupported(isa), "fused attention: the ", kernelIsaName(isa),
            " kernel was requested but this CPU lacks its instructions; use kernelBestIsa()");
+  if (bf16) {
+    LT_CHECK(isa == KernelIsa::Avx512 && fusedAttentionBf16Supported(),
+             "fused attention: bf16 products need the avx512 kernel on a CPU with AVX512_BF16 (asked for ",
+             kernelIsaName(isa), "); check fusedAttentionBf16Supported() first");
+    return {attn_detail::forwardTask_avx512bf16, attn_detail::backwardTask_avx512bf16};
+  }
   switch (isa) {
     case KernelIsa::Avx512: return {attn_detail::forwardTask_avx512, attn_detail::backwardTask_avx512};
     case KernelIsa::Avx2: return {attn_detail::forwardTask_avx2, attn_detail::backwardTask_avx2};
@@ -71,7 +78,7 @@ const int64_t* startPtr(const at::Tensor& start) { return start.numel() > 0 ? st
 
 struct FusedAttentionFn : torch::autograd::Function<FusedAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& start, int64_t tile, int64_t isa) {
+                            const at::Tensor& start, int64_t tile, int64_t isa, bool bf16) {
     trace::Scope scope("kernel", "attention forward");
     at::NoGradGuard ng;
     const Shape s = shapeOf(q, k, tile);
@@ -83,7 +90,7 @@ struct FusedAttentionFn : torch::autograd::Function<FusedAttentionFn> {
     a.q = q.data_ptr<float>(), a.k = k.data_ptr<float>(), a.v = v.data_ptr<float>(), a.kt = kt.data_ptr<float>();
     a.start = startPtr(start);
     a.out = out.data_ptr<float>(), a.lse = lse.data_ptr<float>();
-    const auto kernel = kernelsFor(static_cast<KernelIsa>(isa)).forward;
+    const auto kernel = kernelsFor(static_cast<KernelIsa>(isa), bf16).forward;
     const int64_t heads = s.B * s.H, tiles = s.tiles();
     runTasks(heads * tiles, attn_detail::forwardScratch(s), [&](int64_t t, float* scratch) {
       const int64_t bh = t % heads, qTile = tiles - 1 - t / heads;  // largest tiles first
@@ -93,6 +100,7 @@ struct FusedAttentionFn : torch::autograd::Function<FusedAttentionFn> {
     ctx->saved_data["start"] = start;
     ctx->saved_data["tile"] = tile;
     ctx->saved_data["isa"] = isa;
+    ctx->saved_data["bf16"] = bf16;
     return out;
   }
 
@@ -113,10 +121,11 @@ struct FusedAttentionFn : torch::autograd::Function<FusedAttentionFn> {
     a.out = out.data_ptr<float>(), a.lse = lse.data_ptr<float>(), a.dout = dout.data_ptr<float>();
     a.start = startPtr(start);
     a.dq = dq.data_ptr<float>(), a.dk = dk.data_ptr<float>(), a.dv = dv.data_ptr<float>();
-    const auto kernel = kernelsFor(static_cast<KernelIsa>(ctx->saved_data["isa"].toInt())).backward;
+    const auto kernel =
+        kernelsFor(static_cast<KernelIsa>(ctx->saved_data["isa"].toInt()), ctx->saved_data["bf16"].toBool()).backward;
     runTasks(s.B * s.KV, attn_detail::backwardScratch(s),
              [&](int64_t t, float* scratch) { kernel(a, t / s.KV, t % s.KV, scratch); });
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -144,9 +153,9 @@ void checkInputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
 }  // namespace
 
 namespace attn_detail {
-int64_t forwardScratch(const Shape& s) { return s.tile * s.tile + s.tile * s.D + 2 * s.tile; }
+int64_t forwardScratch(const Shape& s) { return s.tile * s.tile + 2 * s.tile * s.D + 2 * s.tile; }
 int64_t backwardScratch(const Shape& s) {
-  return 2 * s.tile * s.tile + 2 * s.tile * s.D + (s.H / s.KV) * s.S;
+  return 2 * s.tile * s.tile + 6 * s.tile * s.D + (s.H / s.KV) * s.S;
 }
 }  // namespace attn_detail
 
@@ -156,8 +165,10 @@ at::Tensor fusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Te
   const int64_t tile = options.tile > 0 ? options.tile : kDefaultTile;
   auto start = options.documentStart.defined() ? options.documentStart.contiguous() : at::empty({0}, at::kLong);
   return FusedAttentionFn::apply(q.contiguous(), k.contiguous(), v.contiguous(), start, tile,
-                                 static_cast<int64_t>(options.isa));
+                                 static_cast<int64_t>(options.isa), options.bf16);
 }
+
+bool fusedAttentionBf16Supported() { return cpuIsa().avx512Bf16; }
 
 at::Tensor documentStartFromPositions(const at::Tensor& pos) {
   auto rows = at::arange(pos.size(1), pos.options().dtype(at::kLong)).unsqueeze(0);

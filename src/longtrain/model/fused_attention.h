@@ -19,7 +19,14 @@ struct FusedAttentionOptions {
   at::Tensor documentStart;
   int64_t tile = 0;  // query and key tile edge; 0: the kernel's default (128)
   KernelIsa isa = kernelBestIsa();
+  // Tile products on bf16-rounded operands with fp32 accumulation (vdpbf16ps; the softmax, the
+  // saved log-sum-exp, the output and the gradients stay fp32): the model's attention under the
+  // bf16 GEMM route. Needs isa == Avx512 and fusedAttentionBf16Supported().
+  bool bf16 = false;
 };
+
+// Whether this CPU runs the bf16 tile products (AVX-512 with AVX512_BF16).
+bool fusedAttentionBf16Supported();
 
 // q [B, S, H, Dh], k and v [B, S, KV, Dh] (fp32, H a multiple of KV) -> [B, S, H, Dh]; the
 // same contract as model::causalAttention, differentiable in q, k and v.

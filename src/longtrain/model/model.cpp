@@ -70,6 +70,11 @@ GemmRoute gemmRoute(const ModelConfig& c) {
 }
 
 
+bool attentionInBf16(const ModelConfig& c) {
+  return c.bf16Attention && c.attention == "fused" && gemmRoute(c) == GemmRoute::Bf16 &&
+         kernelBestIsa() == KernelIsa::Avx512 && fusedAttentionBf16Supported();
+}
+
 AttentionFn attentionCore(const ModelConfig& cfg) {
   const int64_t tile = cfg.attentionChunk;
   if (cfg.attention == "naive") return [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -81,6 +86,7 @@ AttentionFn attentionCore(const ModelConfig& cfg) {
            "\" is not one of \"fused\", \"chunked\", \"naive\"");
   FusedAttentionOptions o;
   o.tile = tile;
+  o.bf16 = attentionInBf16(cfg);
   return [o](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pos) {
     if (!pos.defined()) return fusedAttention(q, k, v, o);
     FusedAttentionOptions withDocuments = o;

@@ -38,6 +38,10 @@ using AttentionFn = std::function<at::Tensor(const at::Tensor& q, const at::Tens
 // The route the engine chose for the model's GEMMs (model.gemm, bf16.enabled); see gemm.h.
 GemmRoute gemmRoute(const ModelConfig& c);
 
+// Whether the fused attention core runs its tile products on bf16 operands: under the bf16 GEMM
+// route with bf16.attention, on a CPU with AVX512_BF16 (elsewhere attention stays fp32 under bf16).
+bool attentionInBf16(const ModelConfig& c);
+
 // The attention core cfg.attention names, with its tile (cfg.attentionChunk).
 AttentionFn attentionCore(const ModelConfig& cfg);
 

@@ -24,6 +24,7 @@
 #include "longtrain/core/trace.h"
 #include "longtrain/data/tokenizer.h"
 #include "longtrain/model/generate.h"
+#include "longtrain/model/model.h"
 #include "longtrain/plan/memory_model.h"
 #include "longtrain/train/engine.h"
 #include "longtrain/train/machine.h"
@@ -213,11 +214,14 @@ void printBanner(const Engine& engine, double gemmPeak, double flopsPerToken, bo
   const Config& cfg = engine.config();
   const comm::Groups& g = engine.groups();
   const BlasKernelReport blas = blasKernelReport();
+  const char* route = !cfg.model.bf16Compute       ? (cfg.model.oneDnnGemm ? "fp32 (oneDNN)" : "fp32")
+                      : model::attentionInBf16(cfg.model) ? "bf16 (attention's products too)"
+                                                         : "bf16 (attention in fp32)";
   std::printf("longtrain: blas core=%s (%s%s), %d threads/rank, %s GEMM peak %.1f GFLOP/s over all ranks "
               "(measured), allocator %s, %.3g model GFLOP/token\n",
               blas.core.empty() ? "unknown" : blas.core.c_str(), blas.describe().c_str(),
-              cfg.model.oneDnnGemm ? "; the model's GEMMs run on oneDNN" : "", at::get_num_threads(),
-              cfg.model.bf16Compute ? "bf16" : cfg.model.oneDnnGemm ? "fp32 (oneDNN)" : "fp32", gemmPeak / 1e9, allocatorName().c_str(), flopsPerToken / 1e9);
+              cfg.model.oneDnnGemm ? "; the model's GEMMs run on oneDNN" : "", at::get_num_threads(), route,
+              gemmPeak / 1e9, allocatorName().c_str(), flopsPerToken / 1e9);
   std::printf("longtrain: %d rank(s) (sp=%d: %s, dp=%d), model %.2fM params (%lld layers, hidden %lld), data %s\n",
               g.world->size(), g.sp->size(), cfg.layout.describe().c_str(), g.dp->size(), cfg.model.numParams() / 1e6,
               (long long)cfg.model.layers, (long long)cfg.model.hidden, engine.dataset().describe().c_str());
