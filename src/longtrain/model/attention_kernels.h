@@ -30,7 +30,9 @@ struct Backward {
   float *dq = nullptr, *dk = nullptr, *dv = nullptr;  // dq zeroed by the caller; dk, dv written whole
 };
 
-// Floats of scratch one worker needs for each kind of task.
+// Floats of scratch one worker needs for each kind of task; and for one packed tile operand
+// (fp32, or bf16 pairs), of which a forward task uses 3 and a backward task 5.
+int64_t panelFloats(const Shape& s);
 int64_t forwardScratch(const Shape& s);
 int64_t backwardScratch(const Shape& s);
 

@@ -153,9 +153,13 @@ void checkInputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
 }  // namespace
 
 namespace attn_detail {
-int64_t forwardScratch(const Shape& s) { return s.tile * s.tile + 2 * s.tile * s.D + 2 * s.tile; }
+int64_t panelFloats(const Shape& s) {
+  const int64_t e = std::max(s.tile, s.D);
+  return e * (e + 16);  // >= e x e floats, and >= ceil(e / 2) x (e rounded up to 16) pairs
+}
+int64_t forwardScratch(const Shape& s) { return s.tile * s.tile + s.tile * s.D + 2 * s.tile + 3 * panelFloats(s); }
 int64_t backwardScratch(const Shape& s) {
-  return 2 * s.tile * s.tile + 6 * s.tile * s.D + (s.H / s.KV) * s.S;
+  return 2 * s.tile * s.tile + 2 * s.tile * s.D + (s.H / s.KV) * s.S + 5 * panelFloats(s);
 }
 }  // namespace attn_detail
 
