@@ -203,6 +203,11 @@ TEST(FusedAttention, BadArgumentsAreNamed) {
   o.documentStart = at::tensor(std::vector<int64_t>{0, 1, 0, 0, 0, 0, 0, 0}).view({1, 8});
   EXPECT_NE(lt::testing::errorOf([&] { lt::model::fusedAttention(q, kv, kv, o); }).find("non-decreasing"),
             std::string::npos);
+  lt::model::FusedAttentionOptions bf16;  // bf16 products exist only in the AVX-512 build
+  bf16.bf16 = true;
+  bf16.isa = KernelIsa::Baseline;
+  EXPECT_NE(lt::testing::errorOf([&] { lt::model::fusedAttention(q, kv, kv, bf16); }).find("bf16 products need"),
+            std::string::npos);
 }
 
 }  // namespace
