@@ -71,8 +71,8 @@ GemmRoute gemmRoute(const ModelConfig& c) {
 
 
 bool attentionInBf16(const ModelConfig& c) {
-  return c.bf16Attention && c.attention == "fused" && gemmRoute(c) == GemmRoute::Bf16 &&
-         kernelBestIsa() == KernelIsa::Avx512 && fusedAttentionBf16Supported();
+  // AVX512_BF16 implies the AVX-512 build, the one FusedAttentionOptions' default isa picks there.
+  return c.bf16Attention && c.attention == "fused" && gemmRoute(c) == GemmRoute::Bf16 && fusedAttentionBf16Supported();
 }
 
 AttentionFn attentionCore(const ModelConfig& cfg) {
