@@ -35,7 +35,7 @@ blas_core() { local out; out=$(OPENBLAS_VERBOSE=2 "$@" 2>&1 || true); grep -m1 '
 echo "OpenBLAS core, longtrain: $(blas_core $BIN --help)"
 echo "OpenBLAS core, torch default env: $(blas_core $PY -c 'import torch')"
 echo "default env: LD_PRELOAD=${LD_PRELOAD:-<unset>} OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-<unset>} OMP_NUM_THREADS=${OMP_NUM_THREADS:-<unset>}"
-echo "longtrain links tcmalloc: $(ldd $BIN | grep -q tcmalloc && echo yes || echo no)"
+echo "longtrain links tcmalloc: $(ldd "$BIN" | grep tcmalloc >/dev/null && echo yes || echo no)"  # no grep -q: under pipefail its early exit fails ldd
 echo "results: $TMP"
 
 # Config -> torch flags, steps, warm-up (a comment-stripping JSON read: longtrain allows // comments).
