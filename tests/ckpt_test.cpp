@@ -102,6 +102,12 @@ json zeroStage(json j, int stage, bool superOffload) {
   return j;
 }
 json zero3(json j, bool superOffload) { return zeroStage(std::move(j), 3, superOffload); }
+// bf16 GEMMs, forced where slower: ZeRO then gathers bf16 copies of the masters, which a load
+// must refresh.
+json bf16(json j) {
+  j["bf16"] = {{"enabled", true}, {"only_if_faster", false}};
+  return j;
+}
 
 struct Layout {
   json cfg;
@@ -170,7 +176,9 @@ INSTANTIATE_TEST_SUITE_P(
                       accumulated("sp2_dp2_zero3", zero3(baseConfig(), false), 4, 2, 1),
                       // Stage 1 with 2 micro-batches (whole gradients accumulate); stage 2 speculating.
                       accumulated("zero1_w2_accum2", zeroStage(baseConfig(), 1, false), 2, 1, 2),
-                      ResumeCase{"zero2_w2_superoffload", {zeroStage(baseConfig(), 2, true), 2, 1}}),
+                      ResumeCase{"zero2_w2_superoffload", {zeroStage(baseConfig(), 2, true), 2, 1}},
+                      ResumeCase{"zero3_w2_bf16_superoffload", {bf16(zero3(baseConfig(), true)), 2, 1}},
+                      ResumeCase{"zero1_w2_bf16", {bf16(zeroStage(baseConfig(), 1, false)), 2, 1}}),
     [](const auto& info) { return info.param.name; });
 
 // Resharding (universal checkpointing): saved at one layout, loaded at another; the run

@@ -31,6 +31,13 @@ TEST_P(Collectives, ClosedForm) {
       EXPECT_EQ(out[i][0].item<float>(), i);
       EXPECT_EQ(out[i][1].item<float>(), i + 0.5f);
     }
+    // allGather of bf16 (Gloo has no bf16: sent as bytes), odd lengths, values that need all 16 bits.
+    auto in16 = (at::arange(3, at::kFloat) * -1.37f + r * 1000.0f + 0.01f).to(at::kBFloat16);
+    auto out16 = at::empty({3 * n}, at::kBFloat16);
+    c.allGather(out16, in16).wait();
+    for (int i = 0; i < n; ++i)
+      EXPECT_TRUE(at::equal(out16.narrow(0, 3 * i, 3),
+                            (at::arange(3, at::kFloat) * -1.37f + i * 1000.0f + 0.01f).to(at::kBFloat16)));
     // reduceScatter on sizes not divisible by n: element e of every rank's input is e + rank.
     for (int64_t len : {7, 13, 1, 2 * n + 1}) {
       auto src = at::arange(len, at::kFloat) + r;

@@ -9,6 +9,7 @@
 #include "longtrain/config/parse.h"
 #include "longtrain/train/engine.h"
 #include "longtrain/zero/ipg_bucket.h"
+#include "longtrain/zero/zero3.h"
 #include "testing.h"
 
 namespace {
@@ -302,6 +303,74 @@ TEST_P(ZeroStages12, EqualStageZeroOnOneRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ZeroStages12, ::testing::Values(2, 4));
+
+// A bf16 gather's buffer widened in place equals the bf16 values converted to fp32 (exact), at
+// lengths that take only the scalar head, one wave, and many waves of odd sizes; every bit
+// pattern class (signs, subnormals, infinities, NaN payloads) among the values.
+TEST(Zero3, WidenBf16InPlaceEqualsConversion) {
+  for (int64_t n : {1, 2, 4095, 4096, 4097, 8193, 100003, (1 << 20) + 5}) {
+    auto bits = at::randint(0, 65536, {n}, at::kInt).to(at::kShort);
+    auto bf16 = bits.view(at::kBFloat16);
+    auto buf = at::empty({n}, at::kFloat);
+    buf.view(at::kBFloat16).narrow(0, 0, n).copy_(bf16);
+    lt::zero::widenBf16InPlace(buf, n);
+    const auto expect = bf16.to(at::kFloat);
+    EXPECT_TRUE(at::equal(buf.view(at::kInt), expect.view(at::kInt))) << "n " << n;  // bits, NaN included
+  }
+}
+
+// Under bf16 GEMMs, ZeRO gathers the GEMM-only parameters (matrices but the embedding) as bf16
+// copies that CPU Adam writes: at every stage, with and without SuperOffload, the losses and
+// masters equal those of fp32 gathers (bf16.gathers = false) bit for bit (the GEMMs round to the
+// same bf16 either way), and what the model holds after a gather is the master rounded to bf16
+// (fp32 for the norms and the embedding), so the bf16 copies did travel; with fp32 gathers it is
+// the master itself.
+TEST(Zero3, Bf16GathersEqualFp32GathersBitForBit) {
+  at::set_num_threads(1);
+  const int n = 2, steps = 3;
+  for (int stage : {1, 2, 3})
+    for (bool so : {false, true}) {
+      json j = zeroConfig();
+      j["zero_optimization"] = {{"stage", stage}, {"sub_group_size", 3000}, {"allgather_bucket_size", 1200}};
+      if (so) j = withSuperOffload(j);
+      j["gradient_accumulation_steps"] = 2;
+      std::vector<double> losses[2];
+      std::vector<at::Tensor> full[2], held[2];
+      std::vector<std::string> names;
+      for (bool fp32Gathers : {true, false}) {
+        j["bf16"] = {{"enabled", true}, {"only_if_faster", false}, {"gathers", !fp32Gathers}};
+        const auto cfg = lt::config::parseConfig(j, n);
+        runRanks(n, 1, [&](int r, lt::comm::Groups& g) {
+          lt::train::Engine e(cfg, g);
+          std::vector<double> ls;
+          for (int s = 0; s < steps; ++s) ls.push_back(e.step().loss);
+          auto f = e.fullParameters();
+          for (int grp = 0; grp < e.model().numGroups(); ++grp) e.zero()->gather(grp);  // no-op at stages 1, 2
+          if (r != 0) return;
+          losses[fp32Gathers] = ls;
+          full[fp32Gathers] = f;
+          for (int grp : e.model().groupOrder())
+            for (const auto& np : e.model().group(grp)) {
+              held[fp32Gathers].push_back(np.tensor.detach().clone());
+              if (fp32Gathers) names.push_back(np.name);
+            }
+        });
+      }
+      EXPECT_EQ(losses[0], losses[1]) << "stage " << stage << " super_offload " << so;
+      EXPECT_TRUE(bitEqual(full[0], full[1])) << "stage " << stage << " super_offload " << so;
+      const auto& model = full[0];
+      ASSERT_EQ(held[0].size(), model.size());
+      EXPECT_TRUE(bitEqual(held[1], model)) << "stage " << stage;
+      int rounded = 0;
+      for (size_t i = 0; i < model.size(); ++i) {
+        const bool bf16 = model[i].dim() >= 2 && names[i] != "model.embed_tokens.weight";
+        const auto expect = bf16 ? model[i].to(at::kBFloat16).to(at::kFloat) : model[i];
+        EXPECT_TRUE(at::equal(held[0][i], expect)) << "param " << i << " stage " << stage;
+        rounded += bf16 && !at::equal(held[0][i], model[i]);
+      }
+      EXPECT_GT(rounded, 0) << "stage " << stage;
+    }
+}
 
 // Weight-decay groups against the closed form of AdamW's first step: the same gradients with
 // and without decay, so p(wd) - p(0) = -lr * wd * p0 exactly where a parameter decays and 0

@@ -229,6 +229,9 @@ Work Comm::allGather(at::Tensor out, at::Tensor in) {
   LT_ASSERT(out.numel() == in.numel() * size_, "allGather: out has ", out.numel(), " elements, expected ",
             in.numel() * size_);
   LT_ASSERT(out.is_contiguous() && out.scalar_type() == in.scalar_type());
+  // Gloo 1.13 refuses bf16 ("Invalid scalar type"); a gather only moves bytes, so send them.
+  if (in.scalar_type() == at::kBFloat16)
+    return allGather(out.view(at::kByte), in.contiguous().view({-1}).view(at::kByte));
   auto flatOut = out.view({size_, in.numel()});
   if (size_ == 1) {
     flatOut[0].copy_(in.reshape({-1}));

@@ -111,7 +111,8 @@ class Comm {
   int globalRank(int r) const { return globalRanks_[r]; }
 
   Work allReduce(at::Tensor t, ReduceOp op = ReduceOp::Sum);
-  // out: [size * in.numel()] elements, rank i's `in` at offset i * in.numel(). Any shapes.
+  // out: [size * in.numel()] elements, rank i's `in` at offset i * in.numel(). Any shapes;
+  // bf16 too (sent as bytes: Gloo has no bf16).
   Work allGather(at::Tensor out, at::Tensor in);
   // in: any length N (flat); out: this rank's chunk of the sum, chunk sizes from chunkSizes(N).
   Work reduceScatter(at::Tensor out, at::Tensor in);

@@ -92,6 +92,7 @@ void parsePrecision(JsonReader& root, Config& c) {
   c.bf16 = b.getBool("enabled", c.bf16);
   c.bf16OnlyIfFaster = b.getBool("only_if_faster", c.bf16OnlyIfFaster);
   c.model.bf16Attention = b.getBool("attention", c.model.bf16Attention);
+  c.bf16Gathers = b.getBool("gathers", c.bf16Gathers);
   b.finish();
   JsonReader h = root.sub("fp16");
   LT_CHECK(!h.getBool("enabled", false), h.name("enabled"), " = true: fp16 with loss scaling is not implemented in ",

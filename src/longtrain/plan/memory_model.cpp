@@ -271,6 +271,9 @@ ModelState modelState(const config::Config& c, int world) {
   ModelState m;
   // Stages 1 and 2 keep the full parameters beside the masters; stage 3 keeps only its masters.
   m.parameters = static_cast<int64_t>(d.N * kF * (stage == 0 ? 1 : stage == 3 ? share : 1 + share));
+  // bf16 gathers: the bf16 copies CPU Adam writes beside the masters (every sub-group with a
+  // matrix in it: all of the model at the default sub_group_size).
+  if (stage >= 1 && c.model.bf16Compute && c.bf16Gathers) m.parameters += static_cast<int64_t>(d.N * 2 * share);
   // The gradient partitions (stage 0: the whole gradients); full gradients on their way to a
   // reduce-scatter are counted by phase (predict).
   m.gradients = static_cast<int64_t>(d.N * kF * share);

@@ -90,6 +90,17 @@ std::vector<double> weightDecayOf(const model::Model& m, const config::Optimizer
   return out;
 }
 
+// Under the bf16 GEMM route, the parameters the model reads only through its GEMMs (every
+// matrix but the token embedding, which the tied LM head shares), in Model::parameters()
+// order: ZeRO gathers their bf16 copies (Zero3Options::bf16Params). Empty on other routes.
+std::vector<bool> bf16GatheredOf(const model::Model& m, const model::ModelConfig& c) {
+  std::vector<bool> out;
+  if (model::gemmRoute(c) != model::GemmRoute::Bf16) return out;
+  for (int g : m.groupOrder())
+    for (const auto& np : m.group(g)) out.push_back(np.tensor.dim() >= 2 && np.name != "model.embed_tokens.weight");
+  return out;
+}
+
 }  // namespace
 
 Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg_(cfg), groups_(std::move(groups)) {
@@ -180,7 +191,9 @@ zero::Zero3Options zeroOptions(const Config& cfg, std::vector<double> decay, con
 void Engine::buildOptimizer(const EngineOptions& opts) {
   const std::vector<double> decay = weightDecayOf(*model_, cfg_.optimizer);
   if (cfg_.zero.stage >= 1) {
-    zero_ = std::make_unique<zero::Zero3>(*model_, groups_.world, groups_.dp->size(), zeroOptions(cfg_, decay, opts));
+    zero::Zero3Options zo = zeroOptions(cfg_, decay, opts);
+    if (cfg_.bf16Gathers) zo.bf16Params = bf16GatheredOf(*model_, cfg_.model);
+    zero_ = std::make_unique<zero::Zero3>(*model_, groups_.world, groups_.dp->size(), std::move(zo));
     return;
   }
   // Stage 0: the same CPU Adam as ZeRO, one optimizer group (m, v, step count) per parameter.

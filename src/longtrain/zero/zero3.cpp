@@ -19,6 +19,21 @@
 
 namespace lt::zero {
 
+void widenBf16InPlace(const at::Tensor& buf, int64_t n) {
+  const auto half = buf.view(at::kBFloat16);
+  int64_t hi = n;
+  for (; hi > 4096; hi = (hi + 1) / 2) {
+    const int64_t lo = (hi + 1) / 2;
+    buf.narrow(0, lo, hi - lo).copy_(half.narrow(0, lo, hi - lo));  // disjoint bytes: [4 lo, 4 hi), [2 lo, 2 hi)
+  }
+  float* f = buf.data_ptr<float>();
+  const auto* b = reinterpret_cast<const uint16_t*>(f);
+  for (int64_t i = hi - 1; i >= 0; --i) {
+    const uint32_t bits = static_cast<uint32_t>(b[i]) << 16;
+    std::memcpy(f + i, &bits, sizeof bits);
+  }
+}
+
 Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSize, Zero3Options o)
     : world_(std::move(world)), dpSize_(dpSize), o_(std::move(o)) {
   LT_ASSERT(o_.stage >= 1 && o_.stage <= 3, "ZeRO stage ", o_.stage);
@@ -34,6 +49,7 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
       pi.shape = np.tensor.sizes().vec();
       pi.numel = np.tensor.numel();
       pi.chunk = partitionChunk(pi.numel, W);
+      pi.bf16 = !o_.bf16Params.empty() && o_.bf16Params.at(params_.size());
       if (subGroups_.empty() || (sgNumel + pi.numel > o_.subGroupSize && sgNumel > 0)) {
         subGroups_.emplace_back();
         sgNumel = 0;
@@ -51,6 +67,8 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
     }
   LT_ASSERT(o_.weightDecay.empty() || o_.weightDecay.size() == params_.size(), "weightDecay has ",
             o_.weightDecay.size(), " entries for ", params_.size(), " parameters");
+  LT_ASSERT(o_.bf16Params.empty() || o_.bf16Params.size() == params_.size(), "bf16Params has ",
+            o_.bf16Params.size(), " entries for ", params_.size(), " parameters");
   adam_ = std::make_unique<offload::CpuAdam>(o_.adam, std::max(1, o_.workerCores));
   const int n = numSubGroups();
   const int offloaded = o_.superOffload ? static_cast<int>(std::lround(o_.ratio * n)) : 0;
@@ -71,6 +89,10 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
     ledger_.gradBytes += sg.partNumel * 4;
     ledger_.optimBytes += sg.partNumel * 8;
     if (sg.offloaded) ledger_.rollbackBytes += sg.partNumel * 12;
+    if (std::any_of(sg.params.begin(), sg.params.end(), [&](int i) { return params_[i].bf16; })) {
+      sg.masterBf16 = at::empty({sg.partNumel}, at::kBFloat16);
+      ledger_.paramBytes += sg.partNumel * 2;
+    }
   }
   // Keep this rank's chunk of every (identically initialized) parameter; stage 3 frees the rest.
   for (auto& pi : params_) {
@@ -80,6 +102,7 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
       subGroups_[pi.subGroup].master.narrow(0, pi.offset, mine.length()).copy_(flat.slice(0, mine.begin, mine.end));
     if (o_.stage == 3) pi.tensor.set_data(at::empty({0}, pi.tensor.options()));
   }
+  refreshBf16Copies();
   pendingGathers_.resize(groupParams_.size());
   buckets_ = std::make_unique<IpgBuckets>(counts, [this](int sg, std::vector<GradItem>& items) { onBucket(sg, items); });
   if (offloaded > 0) worker_ = std::thread([this] { workerLoop(); });
@@ -103,8 +126,12 @@ void Zero3::prefetch(int group) {
     bool inFlight = false;
     for (auto& pg : pend) inFlight |= pg.param == i;
     if (inFlight) continue;
-    auto out = at::empty({W * pi.chunk}, at::kFloat);
-    pend.push_back({i, out, world_->allGather(out, subGroups_[pi.subGroup].master.narrow(0, pi.offset, pi.chunk))});
+    if (pi.bf16 && bf16Stale_) refreshBf16Copies();
+    const auto& sg = subGroups_[pi.subGroup];
+    auto out = at::empty({W * pi.chunk}, at::kFloat);  // a bf16 gather fills its first half
+    auto dst = pi.bf16 ? out.view(at::kBFloat16).narrow(0, 0, W * pi.chunk) : out;
+    auto mine = (pi.bf16 ? sg.masterBf16 : sg.master).narrow(0, pi.offset, pi.chunk);
+    pend.push_back({i, out, world_->allGather(dst, mine)});
     ledger_.gatheredBytes += pi.numel * 4;  // the buffer is live from now on
   }
   ledger_.gatheredPeakBytes = std::max(ledger_.gatheredPeakBytes, ledger_.gatheredBytes);
@@ -116,6 +143,7 @@ void Zero3::gather(int group) {
   for (auto& pg : pendingGathers_[group]) {
     pg.work.wait();
     auto& pi = params_[pg.param];
+    if (pi.bf16) widenBf16InPlace(pg.out, pi.numel);
     pi.tensor.set_data(pg.out.narrow(0, 0, pi.numel).view(pi.shape));
   }
   pendingGathers_[group].clear();
@@ -184,9 +212,17 @@ void Zero3::resetState(int64_t adamStep, int64_t skippedSteps) {
   }
   skipped_ = skippedSteps;
   replicasStale_ = o_.stage < 3;  // the caller fills the masters; syncParameters() copies them out
+  bf16Stale_ = true;
+}
+
+void Zero3::refreshBf16Copies() {
+  for (auto& sg : subGroups_)
+    if (sg.masterBf16.defined()) sg.masterBf16.copy_(sg.master);  // to nearest even, as Adam rounds
+  bf16Stale_ = false;
 }
 
 void Zero3::syncParameters() {
+  if (bf16Stale_) refreshBf16Copies();
   if (!replicasStale_) return;
   gatherReplicas();
   replicasStale_ = false;
@@ -194,12 +230,13 @@ void Zero3::syncParameters() {
 
 // Runs of whole parameters whose W gathered chunks hold at most maxElements (at least one
 // parameter each: a bigger one travels alone).
-std::vector<Zero3::Run> Zero3::runs(const SubGroup& sg, int64_t maxElements) const {
+std::vector<Zero3::Run> Zero3::runs(const SubGroup& sg, int64_t maxElements, bool byDtype) const {
   const int64_t W = world_->size();
   std::vector<Run> out;
   for (int k = 0; k < static_cast<int>(sg.params.size()); ++k) {
     const auto& pi = params_[sg.params[k]];
-    if (!out.empty() && (out.back().length + pi.chunk) * W <= maxElements) {
+    const bool sameDtype = !byDtype || (k > 0 && params_[sg.params[k - 1]].bf16 == pi.bf16);
+    if (!out.empty() && sameDtype && (out.back().length + pi.chunk) * W <= maxElements) {
       out.back().last = k + 1;
       out.back().length += pi.chunk;
     } else {
@@ -214,9 +251,11 @@ comm::Work Zero3::issue(comm::Work w) {
   return w;
 }
 
-// Stages 1 and 2: every rank's updated master chunks, all-gathered run by run (one in flight
-// while the previous one is copied out) into the full parameters.
+// Stages 1 and 2: every rank's updated master chunks (bf16 copies for bf16 parameters),
+// all-gathered run by run (one in flight while the previous one is copied out) into the full
+// parameters.
 void Zero3::gatherReplicas() {
+  if (bf16Stale_) refreshBf16Copies();
   const int W = world_->size();
   struct InFlight {
     const SubGroup* sg;
@@ -229,14 +268,16 @@ void Zero3::gatherReplicas() {
     for (int k = f.run.first; k < f.run.last; ++k) {
       auto& pi = params_[f.sg->params[k]];
       auto padded = f.out.narrow(1, pi.offset - f.run.offset, pi.chunk).reshape({-1});  // [W * chunk]
-      pi.tensor.detach().view({-1}).copy_(padded.narrow(0, 0, pi.numel));
+      pi.tensor.detach().view({-1}).copy_(padded.narrow(0, 0, pi.numel));  // widens bf16 exactly
     }
   };
   std::optional<InFlight> prev;
   for (const auto& sg : subGroups_)
-    for (const Run& run : runs(sg, o_.allgatherBucketSize)) {
-      auto out = at::empty({W, run.length}, at::kFloat);
-      InFlight f{&sg, run, out, issue(world_->allGather(out.view({-1}), sg.master.narrow(0, run.offset, run.length)))};
+    for (const Run& run : runs(sg, o_.allgatherBucketSize, /*byDtype=*/true)) {
+      const bool bf16 = params_[sg.params[run.first]].bf16;
+      auto out = at::empty({W, run.length}, bf16 ? at::kBFloat16 : at::kFloat);
+      auto mine = (bf16 ? sg.masterBf16 : sg.master).narrow(0, run.offset, run.length);
+      InFlight f{&sg, run, out, issue(world_->allGather(out.view({-1}), mine))};
       if (prev) unpack(*prev);
       prev = std::move(f);
     }
@@ -267,7 +308,7 @@ void Zero3::onBucket(int sgId, std::vector<GradItem>& items) {
   auto& sg = subGroups_[sgId];
   std::vector<at::Tensor> grads(sg.params.size());  // by position in the sub-group; missing: zero
   for (auto& it : items) grads[it.param - sg.params.front()] = std::move(it.grad);
-  const std::vector<Run> pieces = runs(sg, o_.reduceBucketSize);
+  const std::vector<Run> pieces = runs(sg, o_.reduceBucketSize, /*byDtype=*/false);
   for (size_t p = 0; p < pieces.size(); ++p) {
     const Run& run = pieces[p];
     // send row j = chunk j of every parameter of the run, so one reduce-scatter hands rank j
@@ -315,7 +356,9 @@ void Zero3::gradFinal(int sgId) {
 // ---------------------------------------------------------------------------- Adam
 void Zero3::stepSubGroup(int sgId) {
   auto& sg = subGroups_[sgId];
-  adam_->step(sg.adamGroup, sg.master.data_ptr<float>(), sg.grad.data_ptr<float>());
+  float *master = sg.master.data_ptr<float>(), *grad = sg.grad.data_ptr<float>();
+  if (!sg.masterBf16.defined()) return adam_->step(sg.adamGroup, master, grad);
+  adam_->stepBf16(sg.adamGroup, reinterpret_cast<uint16_t*>(sg.masterBf16.data_ptr<at::BFloat16>()), master, grad);
 }
 
 void Zero3::stepSpeculative(int sgId) {
@@ -387,6 +430,7 @@ ZeroStepResult Zero3::step() {
     } else {
       std::swap(sg.master, sg.shadowMaster);
       adam_->commitSpeculative(sg.adamGroup);
+      if (sg.masterBf16.defined()) sg.masterBf16.copy_(sg.master);  // the worker wrote fp32 only
     }
   }
   if (v.skip || v.clip)

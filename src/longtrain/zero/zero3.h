@@ -25,6 +25,12 @@
 //   bytes per offloaded parameter and no extra memory traffic.
 // Gradients are summed over the world (SP ranks' partial gradients and DP ranks) and
 // divided by the DP size, as the non-ZeRO engine does.
+// Under bf16 GEMMs (Zero3Options::bf16Params), a parameter the model reads only through them
+// travels as bf16: CPU Adam writes a bf16 rounding of the master beside it in the same pass,
+// gathers and replica refreshes move those copies (half the bytes) and widen them to fp32 on
+// arrival (a stage 3 gather in its own buffer, so it takes no more memory than an fp32 one).
+// The GEMMs round their operands to bf16 anyway (to nearest even, as Adam does), so the result
+// is bit for bit that of gathering the fp32 masters. Gradients stay fp32.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -45,6 +51,11 @@
 
 namespace lt::zero {
 
+// buf (fp32) holds n bf16 values in its first 2n bytes; widens them in place to n floats (exact),
+// so a bf16 gather needs no second buffer. Float i overwrites bf16 values 2i and 2i + 1: waves
+// run downwards, wave [lo, hi) with 2 lo >= hi writing only values earlier waves (or none) held.
+void widenBf16InPlace(const at::Tensor& buf, int64_t n);
+
 struct Zero3Options {
   int stage = 3;                     // 1, 2 or 3
   int64_t subGroupSize = 1000000000;
@@ -54,6 +65,9 @@ struct Zero3Options {
   // Decoupled (AdamW) or L2 weight decay per parameter, in Model::parameters() order; empty:
   // adam.weightDecay for every parameter.
   std::vector<double> weightDecay;
+  // Per parameter, in Model::parameters() order: true where the model reads it only through
+  // bf16 GEMMs, which gathers it as bf16 (see above). Empty: every parameter travels as fp32.
+  std::vector<bool> bf16Params;
   double gradientClipping = 0;   // 0: off
   offload::AdamParams adam;
   bool superOffload = false;     // speculative CPU Adam on a worker during backward
@@ -65,12 +79,12 @@ struct Zero3Options {
 
 // Bytes this rank holds, by kind (the memory ledger).
 struct Ledger {
-  int64_t paramBytes = 0;      // fp32 master partitions
+  int64_t paramBytes = 0;      // fp32 master partitions (and their bf16 copies, bf16Params)
   int64_t gradBytes = 0;       // fp32 gradient partitions
   int64_t optimBytes = 0;      // Adam m and v partitions
   int64_t rollbackBytes = 0;   // shadow master, m, v for exact rollback (super_offload only)
   int64_t replicaBytes = 0;    // stages 1 and 2: the model's full parameters
-  int64_t gatheredBytes = 0;   // full parameters gathered right now (stage 3)
+  int64_t gatheredBytes = 0;   // full parameters gathered or in flight right now (stage 3)
   int64_t gatheredPeakBytes = 0;
   int64_t unpartitionedBytes = 0;  // params + grads + Adam states of the whole model, fp32
 };
@@ -134,11 +148,13 @@ class Zero3 {
     std::vector<int64_t> shape;
     int64_t numel, chunk;  // chunk = ceil(numel / world)
     int64_t offset;        // of this parameter's chunk in its sub-group's flat partition
+    bool bf16 = false;     // gathered from the sub-group's bf16 copy
   };
   struct SubGroup {
     std::vector<int> params;
     int64_t partNumel = 0;   // sum of the params' chunks
     at::Tensor master, grad; // [partNumel] fp32
+    at::Tensor masterBf16;   // [partNumel] bf16 rounding of master; only with a bf16 parameter
     at::Tensor shadowMaster;  // the speculative step's output (super_offload)
     int adamGroup = -1;
     bool offloaded = false;  // stepped by the worker
@@ -166,8 +182,10 @@ class Zero3 {
     comm::Work work;
   };
 
-  std::vector<Run> runs(const SubGroup& sg, int64_t maxElements) const;
+  // byDtype: a run never mixes bf16 and fp32 parameters (gathers; reduce-scatters are all fp32).
+  std::vector<Run> runs(const SubGroup& sg, int64_t maxElements, bool byDtype) const;
   void gatherReplicas();
+  void refreshBf16Copies();  // after masters were written outside Adam (init, checkpoint load)
   comm::Work issue(comm::Work w);
   void onBucket(int sg, std::vector<GradItem>& items);
   void pollReduces(bool block);
@@ -195,6 +213,7 @@ class Zero3 {
   int64_t skipped_ = 0;
   std::optional<std::pair<int, float>> inject_;
   bool replicasStale_ = false;  // stages 1 and 2: masters changed since the last all-gather
+  bool bf16Stale_ = false;      // masters changed outside Adam since the bf16 copies were made
 
   Channel<Task> tasks_;
   Channel<int> results_;  // sub-group ids stepped by the worker (-1 - sg on failure)
