@@ -49,6 +49,20 @@ TEST_P(Collectives, ClosedForm) {
       auto expect = (at::arange(off, off + sizes[r], at::kFloat) * n) + n * (n - 1) / 2.0f;
       EXPECT_TRUE(at::equal(dst, expect)) << "len " << len;
     }
+    // reduceScatter of bf16 into fp32: the bf16 values travel and are summed in fp32 (small
+    // integers and halves are exact in bf16; 257 + rank is not, and rounds to even first).
+    for (int64_t len : {7, 2 * n + 1}) {
+      auto src = (at::arange(len, at::kFloat) * 0.5f + r + 257.0f).to(at::kBFloat16);
+      auto sizes = c.chunkSizes(len);
+      int64_t off = 0;
+      for (int i = 0; i < r; ++i) off += sizes[i];
+      auto dst = at::empty({sizes[r]});
+      c.reduceScatter(dst, src).wait();
+      auto expect = at::zeros({sizes[r]});
+      for (int i = 0; i < n; ++i)
+        expect += (at::arange(off, off + sizes[r], at::kFloat) * 0.5f + i + 257.0f).to(at::kBFloat16).to(at::kFloat);
+      EXPECT_TRUE(at::equal(dst, expect)) << "bf16 len " << len;
+    }
     // allToAll: chunk j of rank i holds 100*i + j; afterwards chunk i of rank j holds 100*i + j.
     auto a = at::empty({n, 2});
     for (int j = 0; j < n; ++j) a[j].fill_(100.0f * r + j);

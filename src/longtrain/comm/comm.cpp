@@ -265,12 +265,18 @@ Work Comm::reduceScatter(at::Tensor out, at::Tensor in) {
   std::vector<int64_t> recvSplits(size_, mine);
   c10d::AllToAllOptions o;
   o.timeout = opts_.timeout;
-  auto w = pg_->alltoall_base(recv, flatIn, recvSplits, chunks, o);
-  // The epilogue sums the `size` received copies of this rank's chunk, in rank order, so
-  // every rank's result is bitwise deterministic.
+  // bf16 travels as bytes (Gloo has no bf16): twice as many, at twice the offsets.
+  const bool bytes = in.scalar_type() == at::kBFloat16;
+  if (bytes)
+    for (auto* v : {&recvSplits, &chunks})
+      for (auto& x : *v) x *= 2;
+  auto recvWire = bytes ? recv.view(at::kByte) : recv, sendWire = bytes ? flatIn.view(at::kByte) : flatIn;
+  auto w = pg_->alltoall_base(recvWire, sendWire, recvSplits, chunks, o);
+  // The epilogue sums the `size` received copies of this rank's chunk, in rank order and in
+  // out's precision (bf16 copies widened first), so every rank's result is bitwise deterministic.
   return Work(w, [recv, out, mine, n = size_, flatIn]() mutable {
     auto o = out.view({mine});
-    at::sum_out(o, recv.view({n, mine}), {0});
+    at::sum_out(o, recv.view({n, mine}).to(out.scalar_type()), {0});
   }, this, "reduceScatter");
 }
 

@@ -115,6 +115,7 @@ class Comm {
   // bf16 too (sent as bytes: Gloo has no bf16).
   Work allGather(at::Tensor out, at::Tensor in);
   // in: any length N (flat); out: this rank's chunk of the sum, chunk sizes from chunkSizes(N).
+  // in may be bf16 with out fp32: the bf16 values travel (as bytes) and are summed in fp32.
   Work reduceScatter(at::Tensor out, at::Tensor in);
   // in/out: dim 0 divisible by size; chunk i of `in` goes to rank i, out's chunk j came from j.
   Work allToAll(at::Tensor out, at::Tensor in);

@@ -117,6 +117,7 @@ struct Config {
   bool bf16 = false;
   bool bf16OnlyIfFaster = true;  // bf16.only_if_faster (longtrain's): false runs bf16 even where it is slower
   bool bf16Gathers = true;       // bf16.gathers (longtrain's): ZeRO moves bf16 copies of GEMM-only weights
+  std::string communicationDataType = "fp32";  // DeepSpeed's: ZeRO's gradient reduce-scatters, "fp32" or "bf16"
   ZeroConfig zero;
   CompileConfig compile;
   int sequenceParallelSize = 1;

@@ -55,7 +55,11 @@ void checkModel(const ModelConfig& m) {
            " must be even (RoPE rotates pairs)");
 }
 
-void checkZero(const ZeroConfig& z) {
+void checkZero(const Config& c) {
+  const ZeroConfig& z = c.zero;
+  LT_CHECK(c.communicationDataType == "fp32" || z.stage >= 1, "config key 'communication_data_type' = \"",
+           c.communicationDataType, "\" applies to ZeRO's gradient reduce-scatters (zero_optimization.stage 1, 2 ",
+           "or 3); stage 0 all-reduces in fp32: raise the stage or remove the key");
   const auto& off = z.offloadOptimizer;
   LT_CHECK(off.device == "none" || z.stage >= 1, "config key 'zero_optimization.offload_optimizer.device' = \"",
            off.device, "\" needs zero_optimization.stage 1, 2 or 3");
@@ -161,7 +165,7 @@ void validate(Config& c, int world) {
   checkModel(c.model);
   c.layout = layoutOf(c, world);
   resolveBatch(c);
-  checkZero(c.zero);
+  checkZero(c);
   checkSchedule(c);
   checkData(c);
   checkTrain(c);

@@ -169,6 +169,7 @@ zero::Zero3Options zeroOptions(const Config& cfg, std::vector<double> decay, con
   zo.reduceBucketSize = cfg.zero.reduceBucketSize;
   zo.allgatherBucketSize = cfg.zero.allgatherBucketSize;
   zo.overlapComm = cfg.zero.overlapComm;
+  zo.reduceBf16 = cfg.communicationDataType == "bf16";
   zo.weightDecay = std::move(decay);
   zo.gradientClipping = cfg.gradientClipping;
   zo.adam = adamParams(cfg.optimizer);

@@ -323,7 +323,8 @@ void Zero3::onBucket(int sgId, std::vector<GradItem>& items) {
       grads[k] = at::Tensor();
     }
     auto recv = at::empty({run.length}, at::kFloat);
-    comm::Work w = issue(world_->reduceScatter(recv, send.view({-1})));
+    const auto flat = send.view({-1});
+    comm::Work w = issue(world_->reduceScatter(recv, o_.reduceBf16 ? flat.to(at::kBFloat16) : flat));
     pending_.push({sgId, boundary_, p + 1 == pieces.size(), run.offset, recv, std::move(w)});
   }
 }

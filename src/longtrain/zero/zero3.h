@@ -68,6 +68,9 @@ struct Zero3Options {
   // Per parameter, in Model::parameters() order: true where the model reads it only through
   // bf16 GEMMs, which gathers it as bf16 (see above). Empty: every parameter travels as fp32.
   std::vector<bool> bf16Params;
+  // communication_data_type "bf16": each rank's gradient pieces are rounded to bf16 for the
+  // reduce-scatter (half the bytes) and summed in fp32 on arrival.
+  bool reduceBf16 = false;
   double gradientClipping = 0;   // 0: off
   offload::AdamParams adam;
   bool superOffload = false;     // speculative CPU Adam on a worker during backward
