@@ -61,6 +61,13 @@ TEST(Plan, PersistentPartsInClosedForm) {
   EXPECT_EQ(state.parameters, N);  // 4N / 4
   EXPECT_EQ(state.gradients, N);
   EXPECT_EQ(state.optimizer, 2 * N + 3 * N);  // m, v and the shadows (master, m, v) of a quarter
+  // Under bf16 GEMMs the masters carry bf16 copies for the gathers (2 bytes each), unless
+  // bf16.gathers is off.
+  auto b = z;
+  b.model.bf16Compute = true;  // what the engine (and `longtrain plan`) sets when bf16 is chosen
+  EXPECT_EQ(lt::plan::modelState(b, 4).parameters, N + 2 * N / 4);
+  b.bf16Gathers = false;
+  EXPECT_EQ(lt::plan::modelState(b, 4).parameters, N);
 }
 
 TEST(Plan, PartsAreNonNegativeAndNamed) {
