@@ -454,14 +454,15 @@ TEST(ZeroConfig, DeepSpeedSwitchesForAbsentPathsAreRefusedByName) {
             std::string::npos);
 }
 
-// communication_data_type "bf16": gradients reduce-scattered as bf16 (summed in fp32) at stages 2
-// and 3 on 2 ranks track the fp32 reduction's losses within bf16's tolerance over 5 steps, and
-// differ from them (the rounding is applied).
+// communication_data_type "bf16": gradients reduce-scattered as bf16 (summed in fp32) at stages
+// 1 (whole accumulated gradients, once a step), 2 and 3 on 2 ranks track the fp32 reduction's
+// losses within bf16's tolerance over 5 steps, and differ from them (the rounding is applied).
 TEST(ZeroConfig, Bf16GradientReductionTracksFp32) {
   at::set_num_threads(1);
-  for (int stage : {2, 3}) {
+  for (int stage : {1, 2, 3}) {
     json j = zeroConfig();
     j["zero_optimization"]["stage"] = stage;
+    j["gradient_accumulation_steps"] = 2;
     std::vector<double> fp32, bf16;
     run(j, 2, 1, 5, &fp32);
     j["communication_data_type"] = "bf16";

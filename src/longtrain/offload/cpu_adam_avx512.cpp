@@ -1,6 +1,6 @@
 // AVX-512 CPU Adam kernels (16 lanes, -mavx512f -mavx512bw -mfma), called only via cpu_adam.cpp's
-// dispatch. Non-obvious: the tail uses masked loads/stores, so every element takes the same path
-// (the main loops add prefetches, which change no value); helpers have internal
+// dispatch. Non-obvious: the tail uses masked loads (and stores, but for the bf16 copy's), so every
+// element takes the same path (the main loops add prefetches, which change no value); helpers have internal
 // linkage, so no AVX-512 copy of a shared inline function can leak.
 // GCC 12's AVX-512 intrinsic headers trip a false -Wmaybe-uninitialized (their
 // `__m512 __Y = __Y;` placeholders, GCC bug 105593, fixed in GCC 13).
@@ -98,7 +98,7 @@ __attribute__((always_inline)) inline void bf16Block(uint16_t* pBf16, float* pMa
   const __m256i b = bf16Round(pp);
   if (k == __mmask16(0xFFFF)) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(pBf16 + i), b);
-  } else {  // a 256-bit masked store would need AVX512VL, which the dispatch does not require
+  } else {  // a 256-bit masked store needs -mavx512vl, which this file is not compiled with
     alignas(32) uint16_t tail[kLanes];
     _mm256_store_si256(reinterpret_cast<__m256i*>(tail), b);
     for (int j = 0; j < kLanes; ++j)

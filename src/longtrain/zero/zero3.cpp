@@ -27,9 +27,11 @@ void widenBf16InPlace(const at::Tensor& buf, int64_t n) {
     buf.narrow(0, lo, hi - lo).copy_(half.narrow(0, lo, hi - lo));  // disjoint bytes: [4 lo, 4 hi), [2 lo, 2 hi)
   }
   float* f = buf.data_ptr<float>();
-  const auto* b = reinterpret_cast<const uint16_t*>(f);
+  const auto* b = reinterpret_cast<const unsigned char*>(f);
   for (int64_t i = hi - 1; i >= 0; --i) {
-    const uint32_t bits = static_cast<uint32_t>(b[i]) << 16;
+    uint16_t half16;
+    std::memcpy(&half16, b + 2 * i, sizeof half16);
+    const uint32_t bits = static_cast<uint32_t>(half16) << 16;
     std::memcpy(f + i, &bits, sizeof bits);
   }
 }
@@ -49,7 +51,7 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
       pi.shape = np.tensor.sizes().vec();
       pi.numel = np.tensor.numel();
       pi.chunk = partitionChunk(pi.numel, W);
-      pi.bf16 = !o_.bf16Params.empty() && o_.bf16Params.at(params_.size());
+      pi.bf16 = params_.size() < o_.bf16Params.size() && o_.bf16Params[params_.size()];  // size checked below
       if (subGroups_.empty() || (sgNumel + pi.numel > o_.subGroupSize && sgNumel > 0)) {
         subGroups_.emplace_back();
         sgNumel = 0;

@@ -26,11 +26,12 @@
 // Gradients are summed over the world (SP ranks' partial gradients and DP ranks) and
 // divided by the DP size, as the non-ZeRO engine does.
 // Under bf16 GEMMs (Zero3Options::bf16Params), a parameter the model reads only through them
-// travels as bf16: CPU Adam writes a bf16 rounding of the master beside it in the same pass,
-// gathers and replica refreshes move those copies (half the bytes) and widen them to fp32 on
+// travels as bf16: CPU Adam writes a bf16 rounding of the master beside it in the same pass (a
+// speculative step's is rounded at commit), gathers and replica refreshes move those copies
+// (half the bytes) and widen them to fp32 on
 // arrival (a stage 3 gather in its own buffer, so it takes no more memory than an fp32 one).
 // The GEMMs round their operands to bf16 anyway (to nearest even, as Adam does), so the result
-// is bit for bit that of gathering the fp32 masters. Gradients stay fp32.
+// is bit for bit that of gathering the fp32 masters. Gradients stay fp32 unless reduceBf16.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -185,7 +186,8 @@ class Zero3 {
     comm::Work work;
   };
 
-  // byDtype: a run never mixes bf16 and fp32 parameters (gathers; reduce-scatters are all fp32).
+  // byDtype: a run never mixes bf16 and fp32 parameters (gathers; a reduce-scatter's dtype is
+  // the same for every parameter).
   std::vector<Run> runs(const SubGroup& sg, int64_t maxElements, bool byDtype) const;
   void gatherReplicas();
   void refreshBf16Copies();  // after masters were written outside Adam (init, checkpoint load)
