@@ -42,7 +42,8 @@ void parseTopLevel(JsonReader& r, Config& c) {
              "\"all\" or \"none\"; DeepSpeed's cpu_checkpointing corresponds to train.offload_dir (kept block inputs ",
              "to disk), and partition_activations to sequence_parallel_size (activations are sharded by sequence)");
   c.activationCheckpointing = r.getEnum("activation_checkpointing", c.activationCheckpointing, {"auto", "all", "none"});
-  LT_CHECK(!r.find("communication_data_type") || r.find("communication_data_type")->dump() != "\"fp16\"",
+  const auto* commType = r.find("communication_data_type");
+  LT_CHECK(!commType || *commType != "fp16",
            "config key 'communication_data_type' = \"fp16\": fp16 is not implemented in this CPU build; use \"bf16\" ",
            "(gradients sent as bf16, summed in fp32) or \"fp32\"");
   c.communicationDataType = r.getEnum("communication_data_type", c.communicationDataType, {"fp32", "bf16"});

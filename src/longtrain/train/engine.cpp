@@ -78,13 +78,15 @@ std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval) {
 
 namespace {
 
+constexpr const char* kEmbedding = "model.embed_tokens.weight";
+
 // Weight-decay groups, in Model::parameters() order: matrices decay; norms never, and the
 // token embedding (the tied LM head with it) only with optimizer.decay_embeddings.
 std::vector<double> weightDecayOf(const model::Model& m, const config::OptimizerConfig& o) {
   std::vector<double> out;
   for (int g : m.groupOrder())
     for (const auto& np : m.group(g)) {
-      const bool embedding = np.name == "model.embed_tokens.weight";
+      const bool embedding = np.name == kEmbedding;
       out.push_back(np.tensor.dim() >= 2 && (!embedding || o.decayEmbeddings) ? o.weightDecay : 0.0);
     }
   return out;
@@ -97,7 +99,7 @@ std::vector<bool> bf16GatheredOf(const model::Model& m, const model::ModelConfig
   std::vector<bool> out;
   if (model::gemmRoute(c) != model::GemmRoute::Bf16) return out;
   for (int g : m.groupOrder())
-    for (const auto& np : m.group(g)) out.push_back(np.tensor.dim() >= 2 && np.name != "model.embed_tokens.weight");
+    for (const auto& np : m.group(g)) out.push_back(np.tensor.dim() >= 2 && np.name != kEmbedding);
   return out;
 }
 

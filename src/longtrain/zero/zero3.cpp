@@ -128,7 +128,7 @@ void Zero3::prefetch(int group) {
     bool inFlight = false;
     for (auto& pg : pend) inFlight |= pg.param == i;
     if (inFlight) continue;
-    if (pi.bf16 && bf16Stale_) refreshBf16Copies();
+    LT_ASSERT(!pi.bf16 || !bf16Stale_, "bf16 gather after resetState() without syncParameters()");
     const auto& sg = subGroups_[pi.subGroup];
     auto out = at::empty({W * pi.chunk}, at::kFloat);  // a bf16 gather fills its first half
     auto dst = pi.bf16 ? out.view(at::kBFloat16).narrow(0, 0, W * pi.chunk) : out;
@@ -257,7 +257,6 @@ comm::Work Zero3::issue(comm::Work w) {
 // all-gathered run by run (one in flight while the previous one is copied out) into the full
 // parameters.
 void Zero3::gatherReplicas() {
-  if (bf16Stale_) refreshBf16Copies();
   const int W = world_->size();
   struct InFlight {
     const SubGroup* sg;
@@ -277,6 +276,7 @@ void Zero3::gatherReplicas() {
   for (const auto& sg : subGroups_)
     for (const Run& run : runs(sg, o_.allgatherBucketSize, /*byDtype=*/true)) {
       const bool bf16 = params_[sg.params[run.first]].bf16;
+      LT_ASSERT(!bf16 || !bf16Stale_, "bf16 replica refresh after resetState() without syncParameters()");
       auto out = at::empty({W, run.length}, bf16 ? at::kBFloat16 : at::kFloat);
       auto mine = (bf16 ? sg.masterBf16 : sg.master).narrow(0, run.offset, run.length);
       InFlight f{&sg, run, out, issue(world_->allGather(out.view({-1}), mine))};

@@ -122,8 +122,9 @@ class Zero3 {
   // speculative steps use it.
   void setLr(double lr);
   ZeroStepResult step();
-  // Stages 1 and 2: refreshes the full parameters from the masters if they changed outside
-  // step() (a checkpoint or init_from load). Collective; every rank calls it at the same point.
+  // After masters changed outside step() (a checkpoint or init_from load): remakes the bf16
+  // copies, and at stages 1 and 2 refreshes the full parameters. Collective; every rank calls it
+  // at the same point, before the next gather (the engine: at the start of step and evaluate).
   void syncParameters();
 
   const Ledger& ledger() const { return ledger_; }
@@ -190,7 +191,7 @@ class Zero3 {
   // the same for every parameter).
   std::vector<Run> runs(const SubGroup& sg, int64_t maxElements, bool byDtype) const;
   void gatherReplicas();
-  void refreshBf16Copies();  // after masters were written outside Adam (init, checkpoint load)
+  void refreshBf16Copies();  // syncParameters(), after masters were written outside Adam (a load)
   comm::Work issue(comm::Work w);
   void onBucket(int sg, std::vector<GradItem>& items);
   void pollReduces(bool block);
