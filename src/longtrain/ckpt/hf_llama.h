@@ -48,8 +48,12 @@ extern const std::vector<std::string> kTokenizerFiles;
 
 struct HfExportOptions {
   std::string dtype = "fp32";  // "fp32" | "bf16"
-  // Tokenizer files to copy into the directory (paths; missing ones are skipped).
-  std::vector<std::string> tokenizerFiles;
+  // Tokenizer files to copy into the directory under their standard names (tokenizer.json,
+  // tokenizer.model, tokenizer_config.json, ...); missing sources are skipped.
+  struct TokenizerFile {
+    std::string source, name;
+  };
+  std::vector<TokenizerFile> tokenizerFiles;
   int64_t bosId = -1, eosId = -1;  // the tokenizer's, recorded in config.json (-1: not written)
 };
 struct HfExportResult {

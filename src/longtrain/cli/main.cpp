@@ -21,6 +21,7 @@
 
 #include "longtrain/ckpt/checkpoint.h"
 #include "longtrain/ckpt/hf_llama.h"
+#include "longtrain/config/token_sidecar.h"
 #include "longtrain/data/tokenizer.h"
 #include "longtrain/comm/binding.h"
 #include "longtrain/comm/comm.h"
@@ -326,18 +327,33 @@ int cmdInfo(int threads) {
   return 0;
 }
 
-// The tokenizer files a run had: data.tokenizer, and those beside model.init_from's weights.
-std::vector<std::string> runTokenizerFiles(const nlohmann::json& cfg) {
-  std::vector<std::string> out;
-  if (cfg.contains("data") && cfg["data"].is_object() && cfg["data"].value("tokenizer", "") != "")
-    out.push_back(cfg["data"]["tokenizer"].get<std::string>());
-  if (cfg.contains("model") && cfg["model"].is_object() && cfg["model"].value("init_from", "") != "")
-    for (const auto& f : lt::ckpt::kTokenizerFiles) {
-      const auto p = std::filesystem::path(cfg["model"]["init_from"].get<std::string>()) / f;
-      if (std::find(out.begin(), out.end(), p.string()) == out.end() &&
-          std::none_of(out.begin(), out.end(), [&](const auto& o) { return std::filesystem::path(o).filename() == f; }))
-        out.push_back(p.string());
+// The tokenizer files a run had, under their standard names: data.tokenizer's (with the
+// tokenizer_config.json beside a tokenizer.json), then those beside model.init_from's weights.
+std::vector<lt::ckpt::HfExportOptions::TokenizerFile> runTokenizerFiles(const nlohmann::json& cfg) {
+  namespace fs = std::filesystem;
+  std::vector<lt::ckpt::HfExportOptions::TokenizerFile> out;
+  const auto add = [&](const fs::path& src, const std::string& name) {
+    const bool taken = std::any_of(out.begin(), out.end(), [&](const auto& o) { return o.name == name; });
+    if (!taken && fs::is_regular_file(src)) out.push_back({src.string(), name});
+  };
+  std::string given;  // data.tokenizer, else the one data.path's sidecar records
+  if (cfg.contains("data") && cfg["data"].is_object()) {
+    given = cfg["data"].value("tokenizer", "");
+    if (const auto s = lt::config::readTokenSidecar(cfg["data"].value("path", "")); given.empty() && s)
+      given = s->tokenizer;
+  }
+  {
+    if (!given.empty() && fs::exists(given)) {
+      const lt::data::Tokenizer tok(given);
+      const bool json = tok.kind() == "tokenizer.json";
+      add(tok.path(), json ? "tokenizer.json" : "tokenizer.model");
+      if (json)
+        for (const char* side : {"tokenizer_config.json", "special_tokens_map.json"})
+          add(fs::path(tok.path()).parent_path() / side, side);
     }
+  }
+  if (cfg.contains("model") && cfg["model"].is_object() && cfg["model"].value("init_from", "") != "")
+    for (const auto& f : lt::ckpt::kTokenizerFiles) add(fs::path(cfg["model"]["init_from"].get<std::string>()) / f, f);
   return out;
 }
 
@@ -356,8 +372,8 @@ int cmdExport(const std::string& path, const std::string& out, const std::string
   o.dtype = dtype;
   o.tokenizerFiles = runTokenizerFiles(c.manifest().config);
   for (const auto& f : o.tokenizerFiles)
-    if (std::filesystem::path(f).filename() == "tokenizer.model" && std::filesystem::is_regular_file(f)) {
-      lt::data::Tokenizer tok(f);
+    if ((f.name == "tokenizer.model" || f.name == "tokenizer.json") && o.eosId < 0) {
+      const lt::data::Tokenizer tok(f.source);
       o.bosId = tok.bosId();
       o.eosId = tok.eosId();
     }
@@ -422,7 +438,7 @@ int cmdGenerate(GenerateFlags f) {
   std::unique_ptr<lt::data::Tokenizer> tok;
   if (!tokPath.empty()) tok = std::make_unique<lt::data::Tokenizer>(tokPath);
   LT_CHECK(f.prompt.empty() || tok, "--prompt needs a tokenizer: ", f.source, " names none; give --tokenizer ",
-           "tokenizer.model, or the prompt as token ids with --prompt-ids");
+           "(a tokenizer.json, a tokenizer.model or a model directory), or the prompt as token ids with --prompt-ids");
   LT_CHECK(f.prompt.empty() != f.promptIds.empty(), "give the prompt as text (--prompt) or as ids (--prompt-ids)");
   std::vector<int64_t> prompt = f.promptIds.empty() ? tok->encode(f.prompt) : parseIds(f.promptIds);
   const int64_t start = !tok ? -1 : m.promptAfterEos ? tok->eosId() : tok->bosId();
@@ -511,12 +527,14 @@ int cmdTokenize(const TokenizeFlags& f) {
               "document)\n",
               (long long)r.documents, (long long)r.tokens, out.c_str(), r.tokens * r.bytesPerToken / 1e6, type,
               r.bytesPerToken);
-  std::printf("  vocabulary %lld, EOS id %lld; %.1f MB of text in %.2f s, %.0f tokens/s\n", (long long)r.vocabSize,
-              (long long)r.eosId, r.bytesRead / 1e6, r.seconds, r.tokens / std::max(r.seconds, 1e-9));
-  std::printf("  config: \"data\": {\"type\": \"%s\", \"path\": \"%s\", \"packing\": \"documents\", \"tokenizer\": "
-              "\"%s\"} with model.vocab_size >= %lld\n",
-              type, fs::absolute(out).string().c_str(), fs::absolute(f.tokenizer).string().c_str(),
-              (long long)r.vocabSize);
+  std::printf("  vocabulary %lld, EOS id %lld; %.1f MB of text in %.2f s (%.1f MB/s, %.0f tokens/s)\n",
+              (long long)r.vocabSize, (long long)r.eosId, r.bytesRead / 1e6, r.seconds,
+              r.bytesRead / 1e6 / std::max(r.seconds, 1e-9), r.tokens / std::max(r.seconds, 1e-9));
+  std::printf("  sidecar: %s.json (the tokenizer, its SHA-256, dtype and EOS: data.packing and eval read them)\n",
+              out.c_str());
+  std::printf("  config: \"data\": {\"type\": \"%s\", \"path\": \"%s\", \"packing\": \"documents\"} with "
+              "model.vocab_size >= %lld\n",
+              type, fs::absolute(out).string().c_str(), (long long)r.vocabSize);
   return 0;
 }
 
@@ -620,8 +638,8 @@ CLI::App* addGenerateCommand(CLI::App& app, GenerateFlags& gf) {
       ->required();
   gen->add_option("--prompt", gf.prompt, "the prompt text (tokenized with the model's tokenizer)");
   gen->add_option("--prompt-ids", gf.promptIds, "the prompt as comma-separated token ids (no tokenizer needed)");
-  gen->add_option("--tokenizer", gf.tokenizer, "a SentencePiece model (default: the directory's tokenizer.model, or "
-                                               "the run's data.tokenizer)");
+  gen->add_option("--tokenizer", gf.tokenizer, "a tokenizer.json, a SentencePiece .model, or a directory holding one "
+                                               "(default: the model directory's, or the run's data.tokenizer)");
   gen->add_option("--max-new-tokens", gf.sampling.maxNewTokens, "tokens to generate (default 64)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   gen->add_option("--temperature", gf.sampling.temperature, "sampling temperature; 0 (default): greedy")
@@ -637,7 +655,8 @@ CLI::App* addTokenizeCommand(CLI::App& app, TokenizeFlags& tf) {
   auto* tokenize = app.add_subcommand("tokenize", "turn text files into a token file for data.type uint16/uint32 "
                                                   "(EOS after every document), training the tokenizer first if asked");
   tokenize->add_option("FILE", tf.inputs, "text files (each one document, or split by --split-on)")->required();
-  tokenize->add_option("--tokenizer", tf.tokenizer, "the SentencePiece .model to use (or to write, with "
+  tokenize->add_option("--tokenizer", tf.tokenizer, "a Hugging Face tokenizer.json, a SentencePiece .model, or a "
+                                                    "model directory holding one (a .model to write, with "
                                                     "--train-tokenizer)")->required();
   tokenize->add_option("--out", tf.out, "the token file to write (default: the first FILE's name + .bin, here)");
   tokenize->add_option("--split-on", tf.splitOn, "separator between documents inside a file, escapes \\n \\t "

@@ -13,6 +13,7 @@
 
 #include "longtrain/config/hf_llama_config.h"
 #include "longtrain/config/json_reader.h"
+#include "longtrain/config/token_sidecar.h"
 #include "longtrain/config/validate.h"
 #include "longtrain/core/check.h"
 
@@ -236,10 +237,13 @@ DataConfig parseData(JsonReader d, const ModelConfig& model) {
   c.kvFused = kv.getBool("fused_pairs", c.kvFused);
   kv.finish();
   d.finish();
-  // Default: the tokenizer that comes with init_from's model.
+  // Default: the tokenizer that comes with init_from's model (the directory: data::Tokenizer
+  // takes its tokenizer.json, else its tokenizer.model).
   namespace fs = std::filesystem;
-  if (c.tokenizer.empty() && !model.initFrom.empty() && fs::is_regular_file(fs::path(model.initFrom) / "tokenizer.model"))
-    c.tokenizer = (fs::path(model.initFrom) / "tokenizer.model").string();
+  if (c.tokenizer.empty() && !model.initFrom.empty())
+    for (const char* name : {"tokenizer.json", "tokenizer.model"})
+      if (fs::is_regular_file(fs::path(model.initFrom) / name)) c.tokenizer = model.initFrom;
+  applyTokenSidecar(c);
   return c;
 }
 

@@ -91,7 +91,8 @@ void checkData(const Config& c) {
   LT_CHECK(d.packing == "none" || d.tokenFile(), "config key 'data.packing' = \"", d.packing,
            "\" needs a token file (data.type uint16, uint32 or bytes): kv_recall samples are one document each");
   LT_CHECK(d.packing == "none" || d.eosId >= 0 || !d.tokenizer.empty(), "data.packing=\"documents\" needs the EOS id ",
-           "that separates documents: set data.tokenizer (its EOS is taken) or data.eos_id");
+           "that separates documents: set data.tokenizer (its EOS is taken) or data.eos_id, or write the token file ",
+           "with longtrain tokenize, whose sidecar (data.path + \".json\") names it");
   LT_CHECK(d.type != "bytes" || c.model.vocabSize >= 256, "data.type=\"bytes\" needs model.vocab_size >= 256, got ",
            c.model.vocabSize);
   LT_CHECK(d.tokenFile() || kvRecallVocabNeeded(d) <= c.model.vocabSize, "model.vocab_size=", c.model.vocabSize,

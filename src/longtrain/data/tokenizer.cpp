@@ -23,7 +23,10 @@
 #include <thread>
 #include <unordered_map>
 
+#include "longtrain/config/token_sidecar.h"
 #include "longtrain/core/check.h"
+#include "longtrain/core/sha256.h"
+#include "longtrain/data/hf_tokenizer.h"
 #include "longtrain/data/spm/spm_shim.h"
 
 namespace lt::data {
@@ -194,13 +197,16 @@ std::vector<std::string_view> splitDocuments(std::string_view text, const std::s
 
 // ---------------------------------------------------------------------------- Tokenizer
 
-struct Tokenizer::Impl {
+namespace {
+
+// A loaded SentencePiece model.
+struct SpmModel {
   const SpmLibrary& lib = spm();
   LtSpm* model = nullptr;
   std::vector<int> newlineIds;  // encode("\n"): dropped from the front of a continuation chunk
   bool chunkable = false;       // no piece spans a newline and the normalizer keeps it
 
-  ~Impl() {
+  ~SpmModel() {
     if (model) lib.ltspm_free(model);
   }
   std::vector<int> encodeRaw(std::string_view text, const std::string& path) const {
@@ -244,32 +250,98 @@ struct Tokenizer::Impl {
     newlineIds = encodeRaw("\n", path);
     chunkable = decodeRaw(newlineIds, path) == "\n";
   }
+  // After the last newline within `limit`, else after the first beyond it (a long line: its end).
+  size_t cutBefore(std::string_view doc, size_t limit) const {
+    if (!chunkable) return std::string_view::npos;
+    size_t newline = doc.rfind('\n', limit - 1);
+    if (newline == std::string_view::npos) newline = doc.find('\n', limit);
+    return newline == std::string_view::npos ? newline : newline + 1;
+  }
 };
 
-Tokenizer::Tokenizer(const std::string& modelPath) : impl_(std::make_unique<Impl>()), path_(modelPath) {
-  std::error_code ec;
-  LT_CHECK(fs::is_regular_file(modelPath, ec), "tokenizer model '", modelPath,
-           "' does not exist or is not a file; give a SentencePiece .model file (longtrain tokenize "
-           "--train-tokenizer N --tokenizer ",
-           modelPath, " trains one)");
+std::unique_ptr<SpmModel> loadSpm(const std::string& path) {
+  auto m = std::make_unique<SpmModel>();
   char err[1024] = "";
-  impl_->model = impl_->lib.ltspm_load(modelPath.c_str(), err, sizeof err);
-  LT_CHECK(impl_->model, "tokenizer model '", modelPath, "' is not a valid SentencePiece model (", err,
-           "); give a .model file written by SentencePiece");
-  impl_->findWhetherChunkable(modelPath);
+  m->model = m->lib.ltspm_load(path.c_str(), err, sizeof err);
+  LT_CHECK(m->model, "tokenizer '", path, "' is neither a SentencePiece model (", err, ") nor a tokenizer.json; ",
+           "give a .model file written by SentencePiece or a Hugging Face tokenizer.json");
+  m->findWhetherChunkable(path);
+  return m;
+}
+
+bool looksLikeJson(const std::string& path) {
+  if (fs::path(path).extension() == ".json") return true;
+  std::ifstream f(path, std::ios::binary);
+  char c = 0;
+  while (f.get(c) && (c == ' ' || c == '\n' || c == '\r' || c == '\t')) {
+  }
+  return c == '{';
+}
+
+}  // namespace
+
+// One of the two kinds, and the per-thread state tokenizeFiles' workers keep.
+struct Tokenizer::Impl {
+  std::unique_ptr<SpmModel> spm;
+  std::unique_ptr<HfTokenizer> hf;
+  HfTokenizer::ScratchPtr scratch() const { return hf ? hf->newScratch() : nullptr; }
+  size_t cutBefore(std::string_view doc, size_t limit) const {
+    return hf ? hf->cutBefore(doc, limit) : spm->cutBefore(doc, limit);
+  }
+  // The ids of one unit of tokenizeFiles: a document or the part of one after a cut.
+  std::vector<int> encodeUnit(std::string_view text, bool continuation, HfTokenizer::Scratch* s,
+                              const std::string& path) const {
+    if (hf) return hf->encode(text, s);
+    return continuation ? spm->encodeContinuation(text, path) : spm->encodeRaw(text, path);
+  }
+};
+
+std::string Tokenizer::resolve(const std::string& path) {
+  std::error_code ec;
+  const fs::path p(path);
+  LT_CHECK(fs::exists(p, ec), "tokenizer '", path, "' does not exist (absolute: '", fs::absolute(p, ec).string(),
+           "'); give a tokenizer.json, a SentencePiece .model, or a model directory holding one");
+  if (!fs::is_directory(p, ec)) return path;
+  for (const char* name : {"tokenizer.json", "tokenizer.model"})
+    if (fs::is_regular_file(p / name, ec)) return (p / name).string();
+  LT_CHECK(false, "directory '", path, "' holds neither tokenizer.json nor tokenizer.model");
+  return path;
+}
+
+Tokenizer::Tokenizer(const std::string& path) : impl_(std::make_unique<Impl>()), path_(resolve(path)) {
+  std::error_code ec;
+  LT_CHECK(fs::is_regular_file(path_, ec), "tokenizer '", path_, "' is not a regular file; give a tokenizer.json, ",
+           "a SentencePiece .model file (longtrain tokenize --train-tokenizer N --tokenizer ", path_,
+           " trains one), or a model directory");
+  if (!looksLikeJson(path_)) {
+    impl_->spm = loadSpm(path_);
+    return;
+  }
+  try {
+    impl_->hf = std::make_unique<HfTokenizer>(path_);
+  } catch (const Error&) {
+    // A directory's tokenizer.json that is not byte-level BPE (Llama 2, Mistral): its tokenizer.model.
+    const fs::path model = fs::path(path_).parent_path() / "tokenizer.model";
+    if (!fs::is_directory(path, ec) || !fs::is_regular_file(model, ec)) throw;
+    path_ = model.string();
+    impl_->spm = loadSpm(path_);
+  }
 }
 
 Tokenizer::~Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
-int64_t Tokenizer::vocabSize() const { return impl_->lib.ltspm_piece_size(impl_->model); }
-int64_t Tokenizer::eosId() const { return impl_->lib.ltspm_eos_id(impl_->model); }
-int64_t Tokenizer::bosId() const { return impl_->lib.ltspm_bos_id(impl_->model); }
+int64_t Tokenizer::vocabSize() const {
+  return impl_->hf ? impl_->hf->vocabSize() : impl_->spm->lib.ltspm_piece_size(impl_->spm->model);
+}
+int64_t Tokenizer::eosId() const { return impl_->hf ? impl_->hf->eosId() : impl_->spm->lib.ltspm_eos_id(impl_->spm->model); }
+int64_t Tokenizer::bosId() const { return impl_->hf ? impl_->hf->bosId() : impl_->spm->lib.ltspm_bos_id(impl_->spm->model); }
 const std::string& Tokenizer::path() const { return path_; }
+std::string Tokenizer::kind() const { return impl_->hf ? "tokenizer.json" : "sentencepiece"; }
 
 std::vector<int64_t> Tokenizer::encode(const std::string& text) const {
-  const std::vector<int> ids = impl_->encodeRaw(text, path_);
+  const std::vector<int> ids = impl_->hf ? impl_->hf->encode(text, nullptr) : impl_->spm->encodeRaw(text, path_);
   return {ids.begin(), ids.end()};
 }
 
@@ -281,7 +353,7 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
              " is outside tokenizer '", path_, "' (vocabulary ", vocabSize(), ")");
     narrow.push_back(static_cast<int>(ids[i]));
   }
-  return impl_->decodeRaw(narrow, path_);
+  return impl_->hf ? impl_->hf->decode(narrow) : impl_->spm->decodeRaw(narrow, path_);
 }
 
 // ---------------------------------------------------------------------------- training
@@ -408,18 +480,6 @@ struct Unit {
   bool endsDocument = false;  // EOS follows it
 };
 
-void appendUnits(std::string_view doc, bool chunkable, std::vector<Unit>& units) {
-  for (bool first = true; !doc.empty(); first = false) {
-    size_t cut = doc.size();
-    if (chunkable && doc.size() > kChunkBytes) {
-      size_t newline = doc.rfind('\n', kChunkBytes - 1);                     // the last within kChunkBytes
-      if (newline == std::string_view::npos) newline = doc.find('\n', kChunkBytes);  // a long line: its end
-      if (newline != std::string_view::npos) cut = newline + 1;
-    }
-    units.push_back({doc.substr(0, cut), !first, cut == doc.size()});
-    doc.remove_prefix(cut);
-  }
-}
 
 // The flat output file: ids as uint16 or uint32 little-endian, written to <path>.tmp and
 // renamed into place by commit(); removed if never committed.
@@ -491,6 +551,45 @@ class Progress {
 
 }  // namespace
 
+namespace {
+
+// tokenizer.json takes UTF-8 only (as Hugging Face's, whose Python strings cannot hold other bytes).
+void checkUtf8(std::string_view text, const std::string& path) {
+  const size_t bad = firstInvalidUtf8(text);
+  if (bad == std::string_view::npos) return;
+  const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(bad), '\n');
+  LT_CHECK(false, "input '", path, "' is not valid UTF-8: byte ", bad, " (line ", line, ") begins no UTF-8 ",
+           "character; a tokenizer.json takes UTF-8 text (convert the file first, e.g. iconv -f latin1 -t utf-8)");
+}
+
+// Commits the token file and its sidecar F.bin.json; a stale sidecar is removed first, so a
+// token file is never beside a sidecar that describes another.
+void commitWithSidecar(TokenFileWriter& out, const TokenizeOptions& o, const Tokenizer& tok, const TokenizeResult& r) {
+  config::TokenSidecar s;
+  s.dtype = r.bytesPerToken == 2 ? "uint16" : "uint32";
+  s.tokenizer = fs::absolute(tok.path()).string();
+  s.tokenizerKind = tok.kind();
+  s.tokenizerSha256 = sha256File(tok.path());
+  s.vocabSize = r.vocabSize, s.eosId = r.eosId, s.bosId = tok.bosId();
+  s.documents = r.documents, s.tokens = r.tokens;
+  for (const auto& in : o.inputs) s.inputs.push_back(fs::absolute(in).string());
+  s.splitOn = o.splitOn;
+  const std::string sidecar = config::tokenSidecarPath(o.outPath);
+  TempFile tmp(fs::path(sidecar + ".tmp"));
+  {
+    std::ofstream f(tmp.path(), std::ios::binary | std::ios::trunc);
+    f << config::tokenSidecarJson(s);
+    f.close();
+    LT_CHECK(f.good(), "cannot write '", tmp.path().string(), "' (disk full?)");
+  }
+  std::error_code ec;
+  fs::remove(sidecar, ec);
+  out.commit();
+  tmp.renameTo(sidecar);
+}
+
+}  // namespace
+
 // The one door from the writer into the tokenizer's SentencePiece state (chunked encoding).
 struct TokenizerAccess {
   static const Tokenizer::Impl& impl(const Tokenizer& t) { return *t.impl_; }
@@ -498,16 +597,26 @@ struct TokenizerAccess {
 
 namespace {
 
+void appendUnits(std::string_view doc, const Tokenizer& tok, std::vector<Unit>& units) {
+  for (bool first = true; !doc.empty(); first = false) {
+    size_t cut = doc.size() > kChunkBytes ? TokenizerAccess::impl(tok).cutBefore(doc, kChunkBytes) : doc.size();
+    if (cut == std::string_view::npos) cut = doc.size();
+    units.push_back({doc.substr(0, cut), !first, cut == doc.size()});
+    doc.remove_prefix(cut);
+  }
+}
+
 // Encodes every unit on kEncodeThreads threads (interleaved); ids[i] belongs to units[i].
-std::vector<std::vector<int>> encodeUnits(const Tokenizer& tok, const std::vector<Unit>& units) {
+// scratch[t] is thread t's state, kept across calls (tokenizer.json's cache of pre-tokens).
+std::vector<std::vector<int>> encodeUnits(const Tokenizer& tok, const std::vector<Unit>& units,
+                                          std::vector<HfTokenizer::ScratchPtr>& scratch) {
   const auto& impl = TokenizerAccess::impl(tok);  // auto: Impl is private to Tokenizer
   std::vector<std::vector<int>> ids(units.size());
   std::vector<std::exception_ptr> errors(kEncodeThreads);
   auto work = [&](int t) {
     try {
       for (size_t i = static_cast<size_t>(t); i < units.size(); i += kEncodeThreads)
-        ids[i] = units[i].continuation ? impl.encodeContinuation(units[i].text, tok.path())
-                                       : impl.encodeRaw(units[i].text, tok.path());
+        ids[i] = impl.encodeUnit(units[i].text, units[i].continuation, scratch[t].get(), tok.path());
     } catch (...) {
       errors[t] = std::current_exception();
     }
@@ -537,16 +646,18 @@ TokenizeResult tokenizeFiles(const TokenizeOptions& o) {
   r.bytesPerToken = r.vocabSize <= 65536 ? 2 : 4;
   TokenFileWriter out(o.outPath, r.bytesPerToken);
   Progress progress(o.forceProgress || (o.progress && ::isatty(STDERR_FILENO)));
-  const bool chunkable = TokenizerAccess::impl(tok).chunkable;
+  std::vector<HfTokenizer::ScratchPtr> scratch;
+  for (int t = 0; t < kEncodeThreads; ++t) scratch.push_back(TokenizerAccess::impl(tok).scratch());
   for (const auto& path : o.inputs) {
     const std::string text = readTextFile(path);
+    if (tok.kind() == "tokenizer.json") checkUtf8(text, path);
     const int64_t readBefore = r.bytesRead;
     const std::vector<std::string_view> docs = splitDocuments(text, o.splitOn);
     for (size_t d = 0; d < docs.size();) {
       std::vector<Unit> units;
       for (size_t bytes = 0; d < docs.size() && bytes < kBatchBytes; bytes += docs[d++].size())
-        appendUnits(docs[d], chunkable, units);
-      std::vector<std::vector<int>> ids = encodeUnits(tok, units);
+        appendUnits(docs[d], tok, units);
+      std::vector<std::vector<int>> ids = encodeUnits(tok, units, scratch);
       for (size_t i = 0; i < units.size(); ++i) {
         if (units[i].endsDocument) {
           ids[i].push_back(eos);
@@ -560,7 +671,7 @@ TokenizeResult tokenizeFiles(const TokenizeOptions& o) {
     }
     r.bytesRead = readBefore + static_cast<int64_t>(text.size());
   }
-  out.commit();
+  commitWithSidecar(out, o, tok, r);
   r.seconds = progress.seconds();
   progress.finish(r, o.outPath);
   return r;

@@ -1,6 +1,8 @@
-// Text to token files: a SentencePiece tokenizer (load, train) and `tokenizeFiles`, which writes
-// the flat little-endian token file data.type uint16/uint32 reads, EOS after every document.
-// Non-obvious: trained models keep text exactly (identity normalization, byte fallback), so
+// Text to token files: a tokenizer (a Hugging Face tokenizer.json with byte-level BPE, see
+// hf_tokenizer.h, or a SentencePiece .model, which longtrain can also train) and
+// `tokenizeFiles`, which writes the flat little-endian token file data.type uint16/uint32
+// reads, EOS after every document, with its sidecar F.bin.json.
+// Non-obvious: trained SentencePiece models keep text exactly (identity normalization, byte fallback), so
 // decode(encode(text)) == text for any UTF-8, and a document is encoded in chunks cut after
 // newlines, which gives the same ids as one call when no piece spans a newline (true of every
 // model trainTokenizer writes, whose training lines hold none).
@@ -13,10 +15,15 @@
 
 namespace lt::data {
 
-// A loaded SentencePiece model. Encoding and decoding are const and safe from several threads.
+// A loaded tokenizer. Encoding and decoding are const and safe from several threads.
 class Tokenizer {
  public:
-  explicit Tokenizer(const std::string& modelPath);  // a SentencePiece .model file; lt::Error naming the path if unreadable/invalid
+  // A tokenizer.json, a SentencePiece .model, or a model directory holding one of them
+  // (tokenizer.json first; its tokenizer.model where the tokenizer.json is not byte-level BPE).
+  // lt::Error naming the path if unreadable/invalid.
+  explicit Tokenizer(const std::string& path);
+  // The file a path names: itself, or the tokenizer file of a directory.
+  static std::string resolve(const std::string& path);
   ~Tokenizer();
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -25,7 +32,8 @@ class Tokenizer {
   int64_t bosId() const;  // -1 if none
   std::vector<int64_t> encode(const std::string& text) const;  // no BOS/EOS added
   std::string decode(const std::vector<int64_t>& ids) const;
-  const std::string& path() const;
+  const std::string& path() const;  // the file loaded
+  std::string kind() const;          // "tokenizer.json" or "sentencepiece"
 
  private:
   struct Impl;
@@ -60,8 +68,9 @@ struct TokenizeResult {
   int64_t vocabSize = 0, eosId = -1;
 };
 // Writes o.outPath atomically (via <outPath>.tmp): the documents' ids, EOS after each, as
-// uint16 or uint32 little-endian, no header (llm.c/nanoGPT's .bin without one). Streams: one
-// input file is held at a time. A summary line goes to stderr.
+// uint16 or uint32 little-endian, no header (llm.c/nanoGPT's .bin without one), and beside it
+// the sidecar <outPath>.json (config/token_sidecar.h). Streams: one input file is held at a
+// time. A summary line goes to stderr.
 TokenizeResult tokenizeFiles(const TokenizeOptions& o);
 
 // The documents of one file's text: the whole text, or the records between `splitOn`s;
