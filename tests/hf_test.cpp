@@ -74,7 +74,7 @@ TEST_P(HfOracle, LogitsAndLossMatchTheIndependentForward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfOracle, ::testing::Values("gqa_untied", "mha_tied", "gqa_sharded_bf16",
-                                                                    "gqa_llama3_rope"));
+                                                                    "gqa_llama3_rope", "gqa_yarn_rope"));
 
 TEST(HfLoad, ZeroThreeRanksReadOnlyTheirSlicesAndGatherTheFile) {
   const fs::path dir = fixture("gqa_untied");
@@ -93,15 +93,20 @@ TEST(HfLoad, ZeroThreeRanksReadOnlyTheirSlicesAndGatherTheFile) {
   });
 }
 
-// llama3 scaling is read, recorded in the checkpoint's config and written back on export.
+// llama3 scaling is read, recorded in the checkpoint's config and written back on export; a
+// model section's rope_theta and rope_scaling override init_from's (context extension).
 TEST(HfLoad, RopeScalingTravelsThroughTheConfigAndExport) {
   json j = initFromConfig(fixture("gqa_llama3_rope"));
   const auto cfg = lt::config::parseConfig(j, 1);
   EXPECT_EQ(cfg.model.ropeScaling.type, "llama3");
   EXPECT_EQ(cfg.model.ropeScaling.originalMaxPositions, 64);
   EXPECT_EQ(json::parse(cfg.source)["model"]["rope_scaling"]["rope_type"], "llama3");
-  j["model"]["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
-  EXPECT_NE(errorOf([&] { lt::config::parseConfig(j, 1); }).find("'model.rope_scaling'"), std::string::npos);
+  j["model"]["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}};
+  j["model"]["rope_theta"] = 40000.0;
+  const auto extended = lt::config::parseConfig(j, 1);
+  EXPECT_EQ(extended.model.ropeScaling.type, "yarn");
+  EXPECT_EQ(extended.model.ropeTheta, 40000.0);
+  EXPECT_EQ(extended.model.hidden, 32);  // the rest still from config.json
 }
 
 TEST(HfLoad, AKeyGivenInBothThatDisagreesNamesBothValues) {
@@ -124,10 +129,14 @@ fs::path copyFixture(const std::string& name, const std::string& to) {
 TEST(HfLoad, UnimplementedRopeScalingIsRefusedByName) {
   auto d = copyFixture("gqa_untied", "longtrain_hf_rope");
   json c = json::parse(std::ifstream(d / "config.json"));
-  c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 8.0}};
+  c["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 8.0}};
   std::ofstream(d / "config.json") << c.dump();
-  const std::string e = errorOf([&] { lt::config::readHfLlamaConfig(d.string()); });
-  EXPECT_NE(e.find("rope_scaling type \"yarn\" is not implemented"), std::string::npos) << e;
+  std::string e = errorOf([&] { lt::config::readHfLlamaConfig(d.string()); });
+  EXPECT_NE(e.find("rope_scaling type \"longrope\" is not implemented"), std::string::npos) << e;
+  c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 8.0}};  // yarn without its original context
+  std::ofstream(d / "config.json") << c.dump();
+  e = errorOf([&] { lt::config::readHfLlamaConfig(d.string()); });
+  EXPECT_NE(e.find("\"yarn\" needs original_max_position_embeddings"), std::string::npos) << e;
 }
 
 TEST(HfLoad, MissingUnexpectedAndMisShapedTensorsAreListedByName) {
@@ -191,6 +200,37 @@ TEST(HfExport, InitFromTheExportReproducesTheModel) {
       }
     });
   }
+}
+
+// Context extension: a model section's rope_theta and YaRN over init_from train, and export
+// writes what was used (with max_position_embeddings at least the trained length), so that
+// reading the export back gives the same RoPE.
+TEST(HfExport, ContextExtensionIsWhatExportWrites) {
+  auto root = lt::testing::freshTempDir("longtrain_hf_extend");
+  json j = initFromConfig(fixture("gqa_untied"));
+  j["model"]["rope_theta"] = 40000.0;
+  j["model"]["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64},
+                                {"beta_fast", 16.0}};
+  j["data"]["seq_len"] = 80;
+  j["train"]["checkpoint"] = {{"dir", (root / "ckpt").string()}};
+  lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
+    lt::train::Engine e(lt::config::parseConfig(j, 1), g);
+    e.step();
+    lt::ckpt::save(e, (root / "ckpt").string(), 0);
+  });
+  lt::ckpt::Checkpoint c(lt::ckpt::resolve((root / "ckpt").string()));
+  lt::ckpt::exportHfDirectory(c, (root / "hf").string(), {});
+  const json cj = json::parse(std::ifstream(root / "hf" / "config.json"));
+  EXPECT_EQ(cj["rope_theta"], 40000.0);
+  EXPECT_EQ(cj["rope_scaling"]["rope_type"], "yarn");
+  EXPECT_EQ(cj["rope_scaling"]["factor"], 4.0);
+  EXPECT_EQ(cj["rope_scaling"]["original_max_position_embeddings"], 64);
+  EXPECT_EQ(cj["rope_scaling"]["beta_fast"], 16.0);
+  EXPECT_GE(cj["max_position_embeddings"].get<int64_t>(), 80);
+  const auto back = lt::config::readHfLlamaConfig((root / "hf").string()).model;
+  EXPECT_EQ(back.ropeTheta, 40000.0);
+  EXPECT_EQ(back.ropeScaling.betaFast, 16.0);
+  EXPECT_NEAR(back.ropeScaling.attentionScale(), 1 + 0.1 * std::log(4.0), 1e-15);
 }
 
 // Greedy decoding with the KV cache picks, at every step, the argmax of the training forward

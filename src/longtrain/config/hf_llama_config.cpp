@@ -81,9 +81,9 @@ RopeScaling ropeScalingFromJson(const json& j, const std::string& what) {
   LT_CHECK(j.is_object(), what, ": rope_scaling must be an object or null, got ", j.dump());
   const std::string kind = j.value("rope_type", j.value("type", std::string("?")));
   if (kind == "default") return s;
-  LT_CHECK(kind == "linear" || kind == "llama3", what, ": rope_scaling type \"", kind, "\" is not implemented ",
-           "(longtrain has \"default\", \"linear\" and \"llama3\"); the model would compute other positions ",
-           "than it was trained on");
+  LT_CHECK(kind == "linear" || kind == "llama3" || kind == "yarn", what, ": rope_scaling type \"", kind,
+           "\" is not implemented (longtrain has \"default\", \"linear\", \"llama3\" and \"yarn\"); the model ",
+           "would compute other positions than it was trained on");
   s.type = kind;
   s.factor = scalingNumber(j, what, "factor", 0);
   LT_CHECK(s.factor > 0, what, ": rope_scaling type \"", kind, "\" needs \"factor\"");
@@ -93,6 +93,20 @@ RopeScaling ropeScalingFromJson(const json& j, const std::string& what) {
     s.originalMaxPositions = static_cast<int64_t>(scalingNumber(j, what, "original_max_position_embeddings", 0));
     LT_CHECK(s.originalMaxPositions > 0 && s.highFreqFactor > s.lowFreqFactor, what,
              ": rope_scaling \"llama3\" needs original_max_position_embeddings and high_freq_factor > low_freq_factor");
+  }
+  if (kind == "yarn") {
+    s.originalMaxPositions = static_cast<int64_t>(scalingNumber(j, what, "original_max_position_embeddings", 0));
+    LT_CHECK(s.originalMaxPositions > 0, what, ": rope_scaling \"yarn\" needs original_max_position_embeddings ",
+             "(the context the model was trained at)");
+    s.betaFast = scalingNumber(j, what, "beta_fast", 32);
+    s.betaSlow = scalingNumber(j, what, "beta_slow", 1);
+    s.attentionFactor = scalingNumber(j, what, "attention_factor", 0);
+    s.mscale = scalingNumber(j, what, "mscale", 0);
+    s.mscaleAllDim = scalingNumber(j, what, "mscale_all_dim", 0);
+    if (auto it = j.find("truncate"); it != j.end() && !it->is_null()) {
+      LT_CHECK(it->is_boolean(), what, ": rope_scaling.truncate must be true or false, got ", it->dump());
+      s.truncate = it->get<bool>();
+    }
   }
   return s;
 }
@@ -104,6 +118,15 @@ json ropeScalingJson(const RopeScaling& s) {
     j["low_freq_factor"] = s.lowFreqFactor;
     j["high_freq_factor"] = s.highFreqFactor;
     j["original_max_position_embeddings"] = s.originalMaxPositions;
+  }
+  if (s.type == "yarn") {
+    j["original_max_position_embeddings"] = s.originalMaxPositions;
+    j["beta_fast"] = s.betaFast;
+    j["beta_slow"] = s.betaSlow;
+    if (s.attentionFactor > 0) j["attention_factor"] = s.attentionFactor;
+    if (s.mscale > 0) j["mscale"] = s.mscale;
+    if (s.mscaleAllDim > 0) j["mscale_all_dim"] = s.mscaleAllDim;
+    if (!s.truncate) j["truncate"] = false;
   }
   return j;
 }

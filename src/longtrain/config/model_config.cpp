@@ -1,7 +1,16 @@
 // Parameter counts of the Llama shape (the layout model/model.cpp builds).
 #include "longtrain/config/model_config.h"
 
+#include <cmath>
+
 namespace lt::config {
+
+double RopeScaling::attentionScale() const {
+  if (type != "yarn") return 1;
+  if (attentionFactor > 0) return attentionFactor;
+  const auto m = [&](double scale) { return factor <= 1 ? 1.0 : 0.1 * scale * std::log(factor) + 1.0; };
+  return mscale > 0 && mscaleAllDim > 0 ? m(mscale) / m(mscaleAllDim) : m(1.0);
+}
 
 int64_t ModelConfig::blockParams() const {
   const int64_t kvDim = kvHeads * headDim();

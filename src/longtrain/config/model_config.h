@@ -9,12 +9,21 @@
 
 namespace lt::config {
 
-// Hugging Face's rope_scaling: "none" (plain RoPE), "linear" (every frequency / factor) or
-// "llama3" (Llama 3.1's: low frequencies / factor, high ones kept, a smooth ramp between).
+// Hugging Face's rope_scaling: "none" (plain RoPE), "linear" (every frequency / factor),
+// "llama3" (Llama 3.1's: low frequencies / factor, high ones kept, a smooth ramp between) or
+// "yarn" (YaRN: frequencies that complete beta_fast rotations within the original context
+// kept, those under beta_slow divided by factor, a linear ramp between, and cos/sin scaled by
+// an attention factor).
 struct RopeScaling {
   std::string type = "none";
   double factor = 1, lowFreqFactor = 1, highFreqFactor = 4;
   int64_t originalMaxPositions = 0;
+  double betaFast = 32, betaSlow = 1;  // yarn
+  double attentionFactor = 0;          // yarn: 0 = derived (0.1 ln factor + 1, or the mscale ratio)
+  double mscale = 0, mscaleAllDim = 0;  // yarn, DeepSeek's form of the derived attention factor
+  bool truncate = true;                 // yarn: correction range rounded outwards to whole dims
+  // The factor cos and sin are multiplied by: yarn's attention factor, else 1.
+  double attentionScale() const;
 };
 
 struct ModelConfig {

@@ -187,17 +187,15 @@ void parseArchitecture(JsonReader& m, ModelConfig& mc, const std::optional<HfLla
   mc.heads = k.integer("num_heads", mc.heads, theirs.heads, 1, 100000);
   mc.kvHeads = k.integer("num_kv_heads", mc.heads, theirs.kvHeads, 1, 100000);  // default: = num_heads
   mc.intermediate = k.integer("intermediate_size", 4 * mc.hidden, theirs.intermediate, 1, kBig);  // 4 x hidden
-  mc.ropeTheta = k.number("rope_theta", mc.ropeTheta, theirs.ropeTheta, 1, 1e12);
+  // rope_theta and rope_scaling may override init_from's: context extension trains a model made
+  // at a short length at a longer one with a larger theta or YaRN, and export writes what was used.
+  mc.ropeTheta = m.getNum("rope_theta", hf ? theirs.ropeTheta : mc.ropeTheta, 1, 1e12);
   mc.normEps = k.number("rms_norm_eps", mc.normEps, theirs.normEps, 0, 1);
   mc.tieEmbeddings =
       k.agree("tie_word_embeddings", m.getBool("tie_word_embeddings", theirs.tieEmbeddings), theirs.tieEmbeddings);
   if (hf) mc.maxPositions = hf->maxPositions;
   const json* scaling = m.find("rope_scaling");
   mc.ropeScaling = scaling ? ropeScalingFromJson(*scaling, m.name("rope_scaling")) : theirs.ropeScaling;
-  LT_CHECK(!hf || !scaling || ropeScalingJson(mc.ropeScaling) == ropeScalingJson(theirs.ropeScaling),
-           m.name("rope_scaling"), " = ", ropeScalingJson(mc.ropeScaling).dump(), " disagrees with rope_scaling = ",
-           ropeScalingJson(theirs.ropeScaling).dump(), " in '", k.hfFile,
-           "' (model.init_from); remove the key or make them agree");
 }
 
 ModelConfig parseModel(JsonReader m) {

@@ -169,7 +169,9 @@ struct RopeFn : torch::autograd::Function<RopeFn> {
 RopeTable ropeTable(const at::Tensor& pos, int64_t headDim, double theta, const RopeScaling& scaling) {
   auto inv = ropeInverseFrequencies(headDim, theta, scaling, at::kFloat);
   auto ang = pos.to(at::kFloat).unsqueeze(-1) * inv;  // [B, S, Dh/2]
-  return {at::cos(ang).contiguous(), at::sin(ang).contiguous()};
+  const double scale = scaling.attentionScale();  // yarn's attention factor scales both
+  if (scale == 1) return {at::cos(ang).contiguous(), at::sin(ang).contiguous()};
+  return {(at::cos(ang) * scale).contiguous(), (at::sin(ang) * scale).contiguous()};
 }
 
 at::Tensor fusedRope(const at::Tensor& x, const RopeTable& table, KernelIsa isa) {

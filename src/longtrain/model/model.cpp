@@ -20,11 +20,33 @@ at::Tensor rmsNorm(const at::Tensor& x, const at::Tensor& w, double eps) {
   return x * at::rsqrt(var + eps) * w;
 }
 
+namespace {
+
+// YaRN: the dims whose wavelengths fit beta_fast rotations into the original context keep their
+// frequency, those with fewer than beta_slow rotations are divided by `factor`, and a linear
+// ramp over the dims between blends the two (transformers' _compute_yarn_parameters).
+at::Tensor yarnInverseFrequencies(const at::Tensor& inv, int64_t headDim, double theta, const RopeScaling& sc) {
+  const double d = static_cast<double>(headDim);
+  const auto correctionDim = [&](double rotations) {
+    return d * std::log(static_cast<double>(sc.originalMaxPositions) / (rotations * 2 * M_PI)) / (2 * std::log(theta));
+  };
+  double low = correctionDim(sc.betaFast), high = correctionDim(sc.betaSlow);
+  if (sc.truncate) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0), high = std::min(high, d - 1);
+  if (low == high) high += 0.001;  // as transformers: no division by zero
+  auto f = inv.to(at::kDouble);
+  auto ramp = ((at::arange(headDim / 2, f.options()) - low) / (high - low)).clamp(0, 1);
+  return f / sc.factor * ramp + f * (1 - ramp);
+}
+
+}  // namespace
+
 at::Tensor ropeInverseFrequencies(int64_t headDim, double theta, const RopeScaling& sc, at::ScalarType dtype) {
   const int64_t half = headDim / 2;
   auto inv = at::pow(theta, at::arange(0, half, at::TensorOptions().dtype(dtype)) * (-2.0 / static_cast<double>(headDim)));
   if (sc.type == "none") return inv;
   if (sc.type == "linear") return inv / sc.factor;
+  if (sc.type == "yarn") return yarnInverseFrequencies(inv, headDim, theta, sc).to(dtype);
   LT_CHECK(sc.type == "llama3", "rope_scaling type \"", sc.type, "\" is not implemented");
   // Wavelengths beyond old / low_freq_factor are slowed by `factor`, those below old /
   // high_freq_factor kept, and the band between blends the two by its position in the band.
@@ -41,7 +63,8 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& pos, double theta, const 
   int64_t d = x.size(-1), half = d / 2;
   auto inv = ropeInverseFrequencies(d, theta, scaling, x.scalar_type());  // [D/2]
   auto ang = pos.to(x.scalar_type()).unsqueeze(-1) * inv;  // [B, S, D/2]
-  auto cos = at::cos(ang).unsqueeze(2), sin = at::sin(ang).unsqueeze(2);  // [B, S, 1, D/2]
+  const double scale = scaling.attentionScale();  // yarn's attention factor, else 1
+  auto cos = (at::cos(ang) * scale).unsqueeze(2), sin = (at::sin(ang) * scale).unsqueeze(2);  // [B, S, 1, D/2]
   auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
   return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
 }
