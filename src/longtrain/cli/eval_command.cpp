@@ -1,0 +1,174 @@
+// The eval subcommand: flags, the two measures, and their report. Non-obvious: the token file's
+// dtype and EOS come from its sidecar (F.bin.json) unless --dtype / --eos-id say otherwise, and
+// nothing is printed or written for a measure that was not asked for (no zero losses).
+#include "longtrain/cli/eval_command.h"
+
+#include <ATen/Parallel.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "longtrain/ckpt/hf_llama.h"
+#include "longtrain/config/token_sidecar.h"
+#include "longtrain/core/check.h"
+#include "longtrain/report/heatmap.h"
+#include "longtrain/train/long_eval.h"
+
+namespace lt::cli {
+
+namespace {
+
+template <class T>
+std::vector<T> parseList(const std::string& text, const char* flag) {
+  std::vector<T> out;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    std::istringstream in(part);
+    T v{};
+    in >> v;
+    LT_CHECK(!part.empty() && in && in.peek() == EOF, flag, " '", text, "': '", part, "' is not a number (give a ",
+             "comma-separated list, e.g. ", flag, std::string(flag) == "--depths" ? " 0,0.5,1" : " 1024,4096", ")");
+    out.push_back(v);
+  }
+  LT_CHECK(!out.empty(), flag, " is empty; give a comma-separated list");
+  return out;
+}
+
+train::PositionLossOptions positionOptions(const EvalFlags& f) {
+  train::PositionLossOptions o;
+  o.path = f.data, o.seqLen = f.seqLen, o.maxWindows = f.windows;
+  const std::optional<config::TokenSidecar> side = config::readTokenSidecar(f.data);
+  std::string dtype = f.dtype;
+  if (dtype.empty()) {
+    LT_CHECK(side.has_value(), "eval --data '", f.data, "' has no sidecar (", config::tokenSidecarPath(f.data),
+             "); give --dtype uint16 or uint32, or write the file with longtrain tokenize");
+    dtype = side->dtype;
+  }
+  o.bytesPerToken = dtype == "uint32" ? 4 : 2;
+  if (f.packing == "documents") {
+    o.packEos = f.eosId >= 0 ? f.eosId : side ? side->eosId : -1;
+    LT_CHECK(o.packEos >= 0, "eval --packing documents needs the EOS id: give --eos-id, or a token file written by ",
+             "longtrain tokenize (its sidecar names it)");
+  }
+  return o;
+}
+
+void printPositionLoss(const train::PositionLoss& r, const EvalFlags& f) {
+  std::printf("eval: %s: %lld windows x %lld tokens, %lld scored, loss %.4f (perplexity %.2f)\n", f.data.c_str(),
+              (long long)r.windows, (long long)f.seqLen, (long long)r.tokens, r.loss(), std::exp(r.loss()));
+  std::printf("  loss by position (the target's position in its %s):\n", f.packing == "documents" ? "document" : "window");
+  for (const auto& b : r.buckets)
+    if (b.tokens > 0)
+      std::printf("    [%7lld, %7lld)  %.4f  (%lld tokens)\n", (long long)b.start, (long long)b.end,
+                  b.lossSum / static_cast<double>(b.tokens), (long long)b.tokens);
+}
+
+void printNeedle(const std::vector<train::NeedleCell>& cells, const train::NeedleOptions& o) {
+  std::printf("needle: passkey retrieval, %d trials per cell, greedy, exact match of the %d-digit key\n", o.trials,
+              o.digits);
+  std::printf("  %-10s", "depth");
+  for (int64_t l : o.lengths) std::printf(" %8lld", (long long)l);
+  std::printf("   (prompt length in tokens)\n");
+  for (size_t d = 0; d < o.depths.size(); ++d) {
+    std::printf("  %-10.2f", o.depths[d]);
+    for (size_t l = 0; l < o.lengths.size(); ++l) std::printf(" %8.2f", cells[l * o.depths.size() + d].accuracy());
+    std::printf("\n");
+  }
+}
+
+void writeGrid(const std::vector<train::NeedleCell>& cells, const train::NeedleOptions& o, const EvalFlags& f) {
+  report::Heatmap h;
+  h.title = "passkey retrieval: " + f.model;
+  h.xLabel = "prompt length (tokens)";
+  h.yLabel = "needle depth";
+  for (int64_t l : o.lengths) h.columns.push_back(std::to_string(l));
+  for (double d : o.depths) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%.2f", d);
+    h.rows.push_back(buf);
+    h.values.emplace_back();
+  }
+  for (size_t l = 0; l < o.lengths.size(); ++l)
+    for (size_t d = 0; d < o.depths.size(); ++d) h.values[d].push_back(cells[l * o.depths.size() + d].accuracy());
+  report::writeHeatmap(h, f.out);
+}
+
+}  // namespace
+
+CLI::App* addEvalCommand(CLI::App& app, EvalFlags& f) {
+  auto* ev = app.add_subcommand("eval", "long-context evaluation of a checkpoint or a Hugging Face directory: the "
+                                        "loss by position over a token file (--data), passkey retrieval (--needle)");
+  ev->add_option("MODEL", f.model, "a checkpoint (step directory or root) or a Hugging Face model directory")->required();
+  ev->add_option("--data", f.data, "a token file (longtrain tokenize's): mean next-token loss over its windows and "
+                                   "the loss by position");
+  ev->add_option("--seq-len", f.seqLen, "window length in tokens, with --data")->check(CLI::Range(int64_t(2), int64_t(1) << 30));
+  ev->add_option("--windows", f.windows, "evaluate at most this many windows (default: all)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  ev->add_option("--dtype", f.dtype, "the token file's dtype (default: its sidecar's)")
+      ->check(CLI::IsMember({"uint16", "uint32"}));
+  ev->add_option("--packing", f.packing, "none (default): positions run through the window; documents: they "
+                                         "restart after every EOS, and no token attends across one")
+      ->check(CLI::IsMember({"none", "documents"}));
+  ev->add_option("--eos-id", f.eosId, "the EOS id for --packing documents (default: the sidecar's)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
+  ev->add_flag("--needle", f.needle, "passkey retrieval: a number hidden in filler, asked for at the end");
+  ev->add_option("--lengths", f.lengths, "with --needle: prompt lengths in tokens, comma-separated (e.g. 1024,4096)");
+  ev->add_option("--depths", f.depths, "with --needle: needle depths from 0 (start) to 1 (end), comma-separated");
+  ev->add_option("--trials", f.trials, "with --needle: trials per cell, each with its own key (default 4)")
+      ->check(CLI::Range(1, 100000));
+  ev->add_option("--digits", f.digits, "with --needle: digits of the key (default 5)")->check(CLI::Range(1, 18));
+  ev->add_option("--seed", f.seed, "with --needle: seed of the keys (default 1234)");
+  ev->add_option("--tokenizer", f.tokenizer, "with --needle: a tokenizer.json, .model or directory (default: the "
+                                             "model's)");
+  ev->add_option("--out", f.out, "with --needle: write the accuracy grid as an SVG heatmap here");
+  ev->add_flag("--json", f.json, "print one JSON object (loss, tokens, loss_by_position, needle) instead of text");
+  return ev;
+}
+
+int cmdEval(const EvalFlags& f) {
+  LT_CHECK(!f.data.empty() || f.needle, "eval needs --data F.bin --seq-len S, or --needle (or both)");
+  LT_CHECK(f.data.empty() || f.seqLen > 0, "eval --data needs --seq-len (the window length in tokens)");
+  LT_CHECK(f.needle || (f.lengths.empty() && f.depths.empty() && f.out.empty()), "--lengths, --depths and --out ",
+           "belong to --needle; add --needle");
+  at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  auto m = ckpt::loadInferenceModel(f.model);
+  nlohmann::json out = nlohmann::json::object();
+  if (!f.data.empty()) {
+    const train::PositionLoss r = train::evaluatePositions(*m.model, positionOptions(f));
+    if (!f.json) printPositionLoss(r, f);
+    out["loss"] = r.loss();
+    out["tokens"] = r.tokens;
+    out["windows"] = r.windows;
+    out["loss_by_position"] = nlohmann::json::array();
+    for (const auto& b : r.buckets)
+      if (b.tokens > 0) out["loss_by_position"].push_back({b.start, b.end, b.lossSum / static_cast<double>(b.tokens)});
+  }
+  if (f.needle) {
+    const std::string tokPath = f.tokenizer.empty() ? m.tokenizer : f.tokenizer;
+    LT_CHECK(!tokPath.empty(), "eval --needle needs a tokenizer: ", f.model, " names none; give --tokenizer");
+    const data::Tokenizer tok(tokPath);
+    LT_CHECK(tok.vocabSize() <= m.model->config().vocabSize, "the tokenizer '", tok.path(), "' has ", tok.vocabSize(),
+             " tokens, the model only ", m.model->config().vocabSize);
+    train::NeedleOptions o;
+    o.lengths = parseList<int64_t>(f.lengths.empty() ? "1024" : f.lengths, "--lengths");
+    o.depths = parseList<double>(f.depths.empty() ? "0,0.25,0.5,0.75,1" : f.depths, "--depths");
+    for (double d : o.depths) LT_CHECK(d >= 0 && d <= 1, "--depths: ", d, " is outside 0..1");
+    for (int64_t l : o.lengths) LT_CHECK(l >= 64, "--lengths: ", l, " tokens cannot hold the prompt; give >= 64");
+    o.trials = f.trials, o.digits = f.digits, o.seed = f.seed;
+    o.startToken = m.promptAfterEos ? tok.eosId() : tok.bosId();
+    const auto cells = train::needleGrid(*m.model, tok, o);
+    if (!f.json) printNeedle(cells, o);
+    if (!f.out.empty()) writeGrid(cells, o, f);
+    out["needle"] = nlohmann::json::array();
+    for (const auto& c : cells) out["needle"].push_back({c.length, c.depth, c.accuracy()});
+  }
+  if (f.json) std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+}  // namespace lt::cli

@@ -1,0 +1,159 @@
+// longtrain eval's two measures. Non-obvious: the passkey answer is decoded by running the
+// whole prompt through the blocks again for each new token (a handful per trial) instead of the
+// KV cache, whose prefill attends through a [T, T] score matrix; the training forward's fused
+// attention keeps a long prompt at O(T x tile) memory.
+#include "longtrain/train/long_eval.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cctype>
+#include <random>
+
+#include "longtrain/core/check.h"
+#include "longtrain/data/data.h"
+
+namespace lt::train {
+
+namespace {
+
+constexpr int64_t kLogitElementsPerTile = int64_t{16} << 20;  // logits formed at once: 64 MiB of fp32
+
+// The hidden states after the last block of ids [1, S] at positions pos [1, S].
+at::Tensor hidden(const model::Model& m, const at::Tensor& ids, const at::Tensor& pos, bool packed) {
+  const model::AttentionFn core = model::attentionCore(m.config());
+  const model::AttentionFn attn = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor&) {
+    return core(q, k, v, packed ? pos : at::Tensor());
+  };
+  at::Tensor x = m.embed(ids);
+  for (int b = 0; b < m.numBlocks(); ++b) x = m.block(b, x, pos, attn);
+  return x;
+}
+
+std::vector<PositionBucket> makeBuckets(int64_t seqLen) {
+  std::vector<PositionBucket> b;
+  for (int64_t start = 1; start < seqLen; start *= 2) b.push_back({start, std::min(start * 2, seqLen), 0, 0});
+  return b;
+}
+
+// Adds the per-target losses of one window to `r`: targets at positions `targetPos`.
+void addWindow(const model::Model& m, const data::Sample& s, int64_t packEos, PositionLoss& r) {
+  const int64_t S = static_cast<int64_t>(s.ids.size());
+  at::Tensor ids = at::tensor(s.ids, at::kLong).view({1, S});
+  std::vector<int64_t> positions = s.positions;
+  if (positions.empty())
+    for (int64_t i = 0; i < S; ++i) positions.push_back(i);
+  at::Tensor pos = at::tensor(positions, at::kLong).view({1, S});
+  at::Tensor shift = data::shiftLabels(at::tensor(s.labels, at::kLong).view({1, S}));
+  at::Tensor h = hidden(m, ids, pos, packEos >= 0);
+  const int64_t tile = std::max<int64_t>(1, kLogitElementsPerTile / m.config().vocabSize);
+  for (int64_t t0 = 0; t0 < S; t0 += tile) {
+    const int64_t T = std::min(tile, S - t0);
+    at::Tensor logp = at::log_softmax(m.logits(h.narrow(1, t0, T)).to(at::kFloat), -1)[0];  // [T, V]
+    at::Tensor target = shift[0].narrow(0, t0, T);
+    at::Tensor nll = -logp.gather(1, target.clamp_min(0).unsqueeze(1)).squeeze(1).to(at::kDouble);
+    const auto* loss = nll.contiguous().data_ptr<double>();
+    const auto* y = target.contiguous().data_ptr<int64_t>();
+    for (int64_t i = 0; i < T; ++i) {
+      if (y[i] == data::kIgnoreIndex) continue;
+      const int64_t where = positions[static_cast<size_t>(t0 + i)] + 1;  // the target's own position
+      r.lossSum += loss[i];
+      ++r.tokens;
+      for (auto& b : r.buckets)
+        if (where >= b.start && where < b.end) b.lossSum += loss[i], ++b.tokens;
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor lastLogits(const model::Model& m, const std::vector<int64_t>& ids) {
+  const int64_t S = static_cast<int64_t>(ids.size());
+  at::Tensor t = at::tensor(ids, at::kLong).view({1, S});
+  at::Tensor h = hidden(m, t, at::arange(S, at::kLong).view({1, S}), false);
+  return m.logits(h.narrow(1, S - 1, 1))[0][0].to(at::kFloat);
+}
+
+PositionLoss evaluatePositions(const model::Model& m, const PositionLossOptions& o) {
+  LT_CHECK(o.seqLen >= 2, "eval --seq-len ", o.seqLen, ": a window needs at least 2 tokens");
+  data::TokenFileDataset file(o.path, o.bytesPerToken, o.seqLen, m.config().vocabSize, {o.packEos, 0, -1});
+  LT_CHECK(file.size() > 0, "eval --data '", o.path, "' holds fewer than --seq-len ", o.seqLen,
+           " tokens: no whole window; give a shorter --seq-len");
+  const int64_t n = o.maxWindows > 0 ? std::min(o.maxWindows, file.size()) : file.size();
+  PositionLoss r;
+  r.buckets = makeBuckets(o.seqLen);
+  at::NoGradGuard ng;
+  for (int64_t w = 0; w < n; ++w) {
+    const data::Sample s = file.get(w);
+    for (int64_t id : s.ids)
+      LT_CHECK(id >= 0 && id < m.config().vocabSize, "eval --data '", o.path, "': token id ", id,
+               " is outside the model's vocabulary (", m.config().vocabSize, "); was it written with this model's ",
+               "tokenizer?");
+    addWindow(m, s, o.packEos, r);
+    ++r.windows;
+  }
+  return r;
+}
+
+std::vector<int64_t> needlePrompt(const data::Tokenizer& tok, int64_t length, double depth, const std::string& key,
+                                  int64_t startToken) {
+  const auto enc = [&](const std::string& s) { return tok.encode(s); };
+  const std::vector<int64_t> intro = enc(
+      "There is an important piece of information hidden inside a lot of irrelevant text. Find it and "
+      "memorize it. I will quiz you about it.\n");
+  const std::vector<int64_t> filler =
+      enc(" The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.");
+  const std::vector<int64_t> needle = enc(" The pass key is " + key + ". Remember it. " + key + " is the pass key.");
+  const std::vector<int64_t> question = enc("\nWhat is the pass key? The pass key is");
+  const int64_t fixed = (startToken >= 0 ? 1 : 0) + static_cast<int64_t>(intro.size() + needle.size() + question.size());
+  const int64_t repeats = std::max<int64_t>(0, (length - fixed) / static_cast<int64_t>(filler.size()));
+  const int64_t before = std::llround(std::clamp(depth, 0.0, 1.0) * static_cast<double>(repeats));
+  std::vector<int64_t> p;
+  if (startToken >= 0) p.push_back(startToken);
+  p.insert(p.end(), intro.begin(), intro.end());
+  for (int64_t i = 0; i < repeats; ++i) {
+    if (i == before) p.insert(p.end(), needle.begin(), needle.end());
+    p.insert(p.end(), filler.begin(), filler.end());
+  }
+  if (before >= repeats) p.insert(p.end(), needle.begin(), needle.end());
+  p.insert(p.end(), question.begin(), question.end());
+  return p;
+}
+
+bool needleAnswered(const std::string& answer, const std::string& key) {
+  const auto first = std::find_if(answer.begin(), answer.end(), [](unsigned char c) { return std::isdigit(c); });
+  const auto last = std::find_if(first, answer.end(), [](unsigned char c) { return !std::isdigit(c); });
+  return std::string(first, last) == key;
+}
+
+std::vector<NeedleCell> needleGrid(const model::Model& m, const data::Tokenizer& tok, const NeedleOptions& o) {
+  LT_CHECK(!o.lengths.empty() && !o.depths.empty() && o.trials > 0, "eval --needle needs --lengths, --depths and ",
+           "--trials >= 1");
+  std::mt19937_64 rng(o.seed);
+  std::vector<NeedleCell> cells;
+  at::NoGradGuard ng;
+  for (int64_t length : o.lengths)
+    for (double depth : o.depths) {
+      NeedleCell c{length, depth, 0, o.trials, 0};
+      for (int t = 0; t < o.trials; ++t) {
+        std::string key = std::to_string(1 + rng() % 9);  // no leading zero
+        while (static_cast<int>(key.size()) < o.digits) key += std::to_string(rng() % 10);
+        std::vector<int64_t> ids = needlePrompt(tok, length, depth, key, o.startToken);
+        c.promptTokens += static_cast<int64_t>(ids.size());
+        const size_t promptSize = ids.size();
+        const int64_t budget = static_cast<int64_t>(tok.encode(" " + key + ".").size()) + 2;
+        for (int64_t k = 0; k < budget; ++k) {
+          const int64_t next = lastLogits(m, ids).argmax().item<int64_t>();
+          if (next == tok.eosId()) break;
+          ids.push_back(next);
+        }
+        const std::string answer = tok.decode({ids.begin() + static_cast<std::ptrdiff_t>(promptSize), ids.end()});
+        c.correct += needleAnswered(answer, key) ? 1 : 0;
+      }
+      c.promptTokens /= o.trials;
+      cells.push_back(c);
+    }
+  return cells;
+}
+
+}  // namespace lt::train

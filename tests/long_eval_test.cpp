@@ -1,0 +1,151 @@
+// train/long_eval (longtrain eval): the loss by position against an independent computation
+// (the whole-sequence forward through the naive attention core, log-softmax in double), with
+// and without packed documents; the passkey prompt's length and needle depth under Llama 3's
+// real tokenizer; the exact-match rule; the heatmap's SVG; and the command end to end.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "longtrain/ckpt/hf_llama.h"
+#include "longtrain/data/data.h"
+#include "longtrain/data/tokenizer.h"
+#include "longtrain/model/model.h"
+#include "longtrain/report/heatmap.h"
+#include "longtrain/train/long_eval.h"
+
+#include "testing.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+fs::path fixture(const std::string& name) { return fs::path(LONGTRAIN_SOURCE_DIR) / "tests/fixtures/hf_llama" / name; }
+
+// `n` random ids below `vocab` as a uint16 token file; every 7th id from `eosEvery` on is `eos`.
+fs::path writeTokens(const fs::path& p, int n, int vocab, int eos = -1) {
+  std::mt19937 rng(7);
+  std::ofstream f(p, std::ios::binary);
+  for (int i = 0; i < n; ++i) {
+    uint16_t v = static_cast<uint16_t>(rng() % static_cast<unsigned>(vocab));
+    if (eos >= 0 && i % 7 == 5) v = static_cast<uint16_t>(eos);
+    f.write(reinterpret_cast<const char*>(&v), 2);
+  }
+  return p;
+}
+
+// The independent figure: per-target losses from Model::forward (naive core), bucketed.
+lt::train::PositionLoss reference(const lt::model::Model& m, const fs::path& file, int64_t S, int64_t eos) {
+  lt::data::TokenFileDataset d(file.string(), 2, S, m.config().vocabSize, {eos, 0, -1});
+  lt::train::PositionLoss r;
+  for (int64_t start = 1; start < S; start *= 2) r.buckets.push_back({start, std::min(start * 2, S), 0, 0});
+  at::NoGradGuard ng;
+  for (int64_t w = 0; w < d.size(); ++w) {
+    const auto s = d.get(w);
+    auto ids = at::tensor(s.ids, at::kLong).view({1, S});
+    auto pos = s.positions.empty() ? at::arange(S, at::kLong).view({1, S}) : at::tensor(s.positions, at::kLong).view({1, S});
+    const lt::model::AttentionFn naive = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             const at::Tensor&) {
+      return lt::model::causalAttention(q, k, v, eos >= 0 ? pos : at::Tensor());
+    };
+    auto logp = at::log_softmax(m.forward(ids, pos, naive)[0].to(at::kDouble), -1);
+    for (int64_t i = 0; i + 1 < S; ++i) {
+      const int64_t y = s.labels[static_cast<size_t>(i + 1)];
+      if (y == lt::data::kIgnoreIndex) continue;
+      const double l = -logp[i][y].item<double>();
+      const int64_t where = pos[0][i].item<int64_t>() + 1;
+      r.lossSum += l, ++r.tokens;
+      for (auto& b : r.buckets)
+        if (where >= b.start && where < b.end) b.lossSum += l, ++b.tokens;
+    }
+  }
+  return r;
+}
+
+void expectSame(const lt::train::PositionLoss& got, const lt::train::PositionLoss& want) {
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_NEAR(got.loss(), want.loss(), 1e-5);
+  ASSERT_EQ(got.buckets.size(), want.buckets.size());
+  for (size_t i = 0; i < got.buckets.size(); ++i) {
+    EXPECT_EQ(got.buckets[i].start, want.buckets[i].start);
+    EXPECT_EQ(got.buckets[i].tokens, want.buckets[i].tokens) << i;
+    if (want.buckets[i].tokens)
+      EXPECT_NEAR(got.buckets[i].lossSum / got.buckets[i].tokens, want.buckets[i].lossSum / want.buckets[i].tokens,
+                  lt::testing::Tol::kHfOracle) << i;
+  }
+}
+
+TEST(LongEval, LossByPositionEqualsTheIndependentForward) {
+  at::set_num_threads(1);
+  const auto dir = lt::testing::freshTempDir("longtrain_long_eval");
+  auto m = lt::ckpt::loadInferenceModel(fixture("gqa_untied").string());
+  const fs::path file = writeTokens(dir / "t.bin", 3 * 12 + 5, 40);
+  lt::train::PositionLossOptions o;
+  o.path = file.string(), o.seqLen = 12;
+  const auto got = lt::train::evaluatePositions(*m.model, o);
+  EXPECT_EQ(got.windows, 3);
+  EXPECT_EQ(got.tokens, 3 * 11);
+  ASSERT_EQ(got.buckets.size(), 4u);  // [1,2) [2,4) [4,8) [8,12)
+  EXPECT_EQ(got.buckets[3].end, 12);
+  EXPECT_EQ(got.buckets[0].tokens, 3);
+  expectSame(got, reference(*m.model, file, 12, -1));
+  o.maxWindows = 2;
+  EXPECT_EQ(lt::train::evaluatePositions(*m.model, o).windows, 2);
+}
+
+TEST(LongEval, PackedDocumentsRestartPositionsAndMaskAcrossThem) {
+  at::set_num_threads(1);
+  const auto dir = lt::testing::freshTempDir("longtrain_long_eval_packed");
+  auto m = lt::ckpt::loadInferenceModel(fixture("gqa_untied").string());
+  const fs::path file = writeTokens(dir / "t.bin", 2 * 12, 40, /*eos=*/3);
+  lt::train::PositionLossOptions o;
+  o.path = file.string(), o.seqLen = 12, o.packEos = 3;
+  const auto got = lt::train::evaluatePositions(*m.model, o);
+  expectSame(got, reference(*m.model, file, 12, 3));
+  EXPECT_EQ(got.buckets.back().tokens, 0);  // no document reaches position 8
+  EXPECT_LT(got.tokens, 2 * 11);            // the first target after each EOS is not scored
+}
+
+TEST(LongEval, NeedlePromptHasItsLengthAndDepth) {
+  const fs::path tokFile = lt::testing::npmTokenizer("tokenizer-llama3");
+  ASSERT_TRUE(fs::exists(tokFile)) << "run scripts/fetch_tokenizers.sh";
+  const lt::data::Tokenizer tok(tokFile.string());
+  for (int64_t length : {200, 1000}) {
+    for (double depth : {0.0, 0.5, 1.0}) {
+      const auto ids = lt::train::needlePrompt(tok, length, depth, "48213", tok.bosId());
+      EXPECT_LE(static_cast<int64_t>(ids.size()), length);
+      EXPECT_GT(static_cast<int64_t>(ids.size()), length - 30);  // within one filler sentence
+      EXPECT_EQ(ids.front(), tok.bosId());
+      const std::string text = tok.decode(ids);
+      const size_t at = text.find("The pass key is 48213");
+      ASSERT_NE(at, std::string::npos);
+      int before = 0, total = 0;  // filler sentences before the needle, and in all
+      for (size_t i = 0; (i = text.find("The grass is green", i)) != std::string::npos; ++i) ++total, before += i < at;
+      ASSERT_GT(total, 0);
+      EXPECT_NEAR(static_cast<double>(before) / total, depth, 0.5 / total + 1e-12) << length << " " << depth;
+      EXPECT_EQ(text.substr(text.size() - 15), "The pass key is");
+    }
+  }
+  EXPECT_TRUE(lt::train::needleAnswered(" 48213. Remember", "48213"));
+  EXPECT_FALSE(lt::train::needleAnswered(" 482130", "48213"));
+  EXPECT_FALSE(lt::train::needleAnswered(" 4821", "48213"));
+  EXPECT_FALSE(lt::train::needleAnswered(" none", "48213"));
+}
+
+TEST(LongEval, HeatmapHasACellPerValue) {
+  lt::report::Heatmap h{"t <1>", "length", "depth", {"128", "256"}, {"0.00", "1.00"}, {{0.0, 0.5}, {1.0, 0.25}}};
+  const std::string svg = lt::report::heatmapSvg(h);
+  size_t cells = 0;
+  for (size_t at = 0; (at = svg.find("<rect x=", at)) != std::string::npos; ++at) ++cells;
+  EXPECT_EQ(cells, 4u);
+  for (const char* s : {">0.50<", ">0.25<", ">256<", "t &lt;1&gt;", "hsl(120,", "hsl(0,"})
+    EXPECT_NE(svg.find(s), std::string::npos) << s;
+}
+
+}  // namespace
