@@ -72,6 +72,14 @@ void printBreakdown(const lt::plan::MemoryBreakdown& m) {
   if (m.offloaded > 0) std::printf("  %-20s %10.1f (train.offload_dir, not in the total)\n", "offloaded to disk", mib(m.offloaded));
 }
 
+// `longtrain config CONFIG --print`: the effective config, every default filled in, as JSON.
+int cmdConfig(const std::string& configPath, int nprocFlag, const std::vector<std::string>& sets) {
+  nlohmann::json j = lt::config::loadConfigJson(configPath, sets);
+  const lt::config::Config cfg = lt::config::parseConfig(j, nprocOf(j, nprocFlag));
+  std::printf("%s\n", cfg.effective.c_str());
+  return 0;
+}
+
 int cmdPlan(const std::string& configPath, int nprocFlag, const std::vector<std::string>& sets,
             const std::string& maxSeq) {
   nlohmann::json j = lt::config::loadConfigJson(configPath, sets);
@@ -625,6 +633,17 @@ CLI::App* addPlanCommand(CLI::App& app, PlanFlags& f) {
   return plan;
 }
 
+CLI::App* addConfigCommand(CLI::App& app, PlanFlags& f, bool& print) {
+  auto* c = app.add_subcommand("config", "check a config (every rule `train` applies) and, with --print, print it "
+                                         "with every default filled in, as JSON");
+  c->add_option("CONFIG", f.config, "path of the JSON config")->required();
+  c->add_option("--nproc", f.nproc, "ranks the config would run on (default: the config's train.nproc)")
+      ->check(CLI::Range(1, 1024));
+  c->add_option("--set", f.sets, "override a config key by its dotted path with a JSON value (repeatable)");
+  c->add_flag("--print", print, "print the effective config: every key, given or default, as train would use it");
+  return c;
+}
+
 CLI::App* addInfoCommand(CLI::App& app, int* threads) {
   auto* info = app.add_subcommand("info", "print the CPU, the BLAS kernel and allocator a run gets, the measured "
                                           "GEMM peak, and check the kernel's numerics");
@@ -718,6 +737,8 @@ int main(int argc, char** argv) {
   TokenizeFlags tokenizeFlags;
   PlotFlags plotFlags;
   lt::cli::EvalFlags evalFlags;
+  PlanFlags configFlags;
+  bool configPrint = false;
   int infoThreads = 0;
   auto* train = addTrainCommand(app, trainFlags);
   auto* exp = addExportCommand(app, exportFlags);
@@ -727,6 +748,7 @@ int main(int argc, char** argv) {
   auto* tokenize = addTokenizeCommand(app, tokenizeFlags);
   auto* plot = addPlotCommand(app, plotFlags);
   auto* eval = lt::cli::addEvalCommand(app, evalFlags);
+  auto* config = addConfigCommand(app, configFlags, configPrint);
   CLI11_PARSE(app, argc, argv);
   // Flush subnormals to zero before any thread pool exists (new threads inherit the mode):
   // training drives some values (softmax tails, Adam's v) subnormal, and x86 then runs
@@ -744,6 +766,13 @@ int main(int argc, char** argv) {
     if (*plot) return cmdPlot(plotFlags.files, plotFlags.labels, plotFlags.out, plotFlags.options);
     if (*tokenize) return cmdTokenize(tokenizeFlags);
     if (*eval) return lt::cli::cmdEval(evalFlags);
+    if (*config) {
+      if (configPrint) return cmdConfig(configFlags.config, configFlags.nproc, configFlags.sets);
+      const auto j = lt::config::loadConfigJson(configFlags.config, configFlags.sets);
+      lt::config::parseConfig(j, nprocOf(j, configFlags.nproc));
+      std::printf("config: %s is valid (--print shows it with every default)\n", configFlags.config.c_str());
+      return 0;
+    }
   } catch (const std::bad_alloc&) {
     return reportFailure("", true);
   } catch (const std::exception& e) {

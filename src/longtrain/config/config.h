@@ -138,6 +138,9 @@ struct Config {
   ParallelLayout layout;
   // The parsed JSON (after --set overrides, with init_from's model keys written in), for the record.
   std::string source;
+  // Every key the parser read with the value it resolved to, defaults filled in (JSON):
+  // `longtrain config CONFIG --print`.
+  std::string effective;
 };
 
 }  // namespace lt::config

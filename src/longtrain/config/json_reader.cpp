@@ -28,9 +28,13 @@ std::string JsonReader::name(const std::string& key) const { return label_ + " '
 
 const json* JsonReader::find(const std::string& key) {
   known_.push_back(key);
-  if (!j_) return nullptr;
-  auto it = j_->find(key);
-  return it == j_->end() || it->is_null() ? nullptr : &*it;
+  const json* v = nullptr;
+  if (j_)
+    if (auto it = j_->find(key); it != j_->end() && !it->is_null()) v = &*it;
+  // Keys read through find() alone (objects and lists a parser walks itself) are recorded as given.
+  if (record_ && !record_->contains(json::json_pointer("/" + pointerPath(key))))
+    (*record_)[json::json_pointer("/" + pointerPath(key))] = v ? *v : json();
+  return v;
 }
 
 bool JsonReader::has(const std::string& key) const { return j_ && j_->contains(key) && !(*j_)[key].is_null(); }
@@ -46,32 +50,38 @@ int64_t JsonReader::toInt(const json& v, const std::string& key, int64_t lo, int
   return x;
 }
 
+std::string JsonReader::pointerPath(const std::string& key) const {
+  std::string p;
+  for (char c : keyPath(key)) p += c == '.' ? std::string("/") : c == '~' ? std::string("~0") : std::string(1, c);
+  return p;
+}
+
 int64_t JsonReader::getInt(const std::string& key, int64_t def, int64_t lo, int64_t hi) {
   const json* v = find(key);
-  return v ? toInt(*v, key, lo, hi) : def;
+  return recorded(key, v ? toInt(*v, key, lo, hi) : def);
 }
 
 double JsonReader::getNum(const std::string& key, double def, double lo, double hi) {
   const json* v = find(key);
-  if (!v) return def;
+  if (!v) return recorded(key, def);
   LT_CHECK(v->is_number(), name(key), " must be a number, got ", v->type_name(), " ", v->dump().substr(0, 80));
   const double x = v->get<double>();
   LT_CHECK(x >= lo && x <= hi, name(key), " = ", x, " is out of range; expected ", lo, " <= value <= ", hi);
-  return x;
+  return recorded(key, x);
 }
 
 bool JsonReader::getBool(const std::string& key, bool def) {
   const json* v = find(key);
-  if (!v) return def;
+  if (!v) return recorded(key, def);
   LT_CHECK(v->is_boolean(), name(key), " must be true or false, got ", v->type_name(), " ", v->dump().substr(0, 80));
-  return v->get<bool>();
+  return recorded(key, v->get<bool>());
 }
 
 std::string JsonReader::getString(const std::string& key, const std::string& def) {
   const json* v = find(key);
-  if (!v) return def;
+  if (!v) return recorded(key, def);
   LT_CHECK(v->is_string(), name(key), " must be a string, got ", v->type_name(), " ", v->dump().substr(0, 80));
-  return v->get<std::string>();
+  return recorded(key, v->get<std::string>());
 }
 
 std::string JsonReader::getEnum(const std::string& key, const std::string& def,
@@ -88,12 +98,16 @@ std::string JsonReader::getEnum(const std::string& key, const std::string& def,
 
 int64_t JsonReader::getBytes(const std::string& key, int64_t def) {
   const json* v = find(key);
-  if (!v) return def;
-  if (v->is_string()) return parseByteSize(v->get<std::string>(), name(key));
-  return toInt(*v, key, 0, int64_t{1} << 60);
+  if (!v) return recorded(key, def);
+  if (v->is_string()) return recorded(key, parseByteSize(v->get<std::string>(), name(key)));
+  return recorded(key, toInt(*v, key, 0, int64_t{1} << 60));
 }
 
-JsonReader JsonReader::sub(const std::string& key) { return JsonReader(find(key), keyPath(key), label_); }
+JsonReader JsonReader::sub(const std::string& key) {
+  JsonReader r(find(key), keyPath(key), label_);
+  r.record_ = record_;
+  return r;
+}
 
 const json& JsonReader::require(const std::string& key) {
   const json* v = find(key);
@@ -121,7 +135,11 @@ const json& JsonReader::requireArray(const std::string& key) {
   return v;
 }
 
-JsonReader JsonReader::requireObject(const std::string& key) { return JsonReader(&require(key), keyPath(key), label_); }
+JsonReader JsonReader::requireObject(const std::string& key) {
+  JsonReader r(&require(key), keyPath(key), label_);
+  r.record_ = record_;
+  return r;
+}
 
 void JsonReader::finish() const {
   if (!j_) return;

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,9 @@ class JsonReader {
   // `j` may be null (an absent section: every optional read gives its default). `label`
   // starts every error message.
   JsonReader(const nlohmann::json* j, std::string path, std::string label = "config key");
+  // Keeps, in `record`, every key read with the value it resolved to (given or default), at
+  // its dotted path: the effective config `longtrain config --print` shows. Sub-readers share it.
+  void recordInto(std::shared_ptr<nlohmann::json> record) { record_ = std::move(record); }
 
   // Optional keys: absent or null gives `def`.
   int64_t getInt(const std::string& key, int64_t def, int64_t lo, int64_t hi);
@@ -47,6 +51,13 @@ class JsonReader {
 
  private:
   int64_t toInt(const nlohmann::json& v, const std::string& key, int64_t lo, int64_t hi) const;
+  template <class T>
+  T recorded(const std::string& key, T value) {
+    if (record_) (*record_)[nlohmann::json::json_pointer("/" + pointerPath(key))] = value;
+    return value;
+  }
+  std::string pointerPath(const std::string& key) const;
+  std::shared_ptr<nlohmann::json> record_;
   const nlohmann::json* j_;
   std::string path_, label_;
   std::vector<std::string> known_;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <sstream>
 
@@ -298,6 +299,8 @@ Config parseConfig(const json& j, int world) {
   LT_CHECK(j.is_object(), "the config must be a JSON object, got ", j.type_name());
   Config c;
   JsonReader root(&j, "");
+  auto effective = std::make_shared<json>(json::object());
+  root.recordInto(effective);
   parseTopLevel(root, c);
   c.optimizer = parseOptimizer(root.sub("optimizer"));
   c.scheduler = parseScheduler(root.sub("scheduler"), root.has("scheduler"));
@@ -309,7 +312,15 @@ Config parseConfig(const json& j, int world) {
   c.train = parseTrain(root.sub("train"));
   root.finish();
   c.source = effectiveSource(j, c.model);
+  // What parsing resolved after the reads: the tokenizer and EOS from init_from or the sidecar.
+  (*effective)["data"]["tokenizer"] = c.data.tokenizer;
+  (*effective)["data"]["eos_id"] = c.data.eosId;
   validate(c, world);
+  // ... and what validate() derives: the batch triple DeepSpeed's rule completes.
+  (*effective)["train_batch_size"] = c.trainBatchSize;
+  (*effective)["train_micro_batch_size_per_gpu"] = c.microBatch;
+  (*effective)["gradient_accumulation_steps"] = c.gradAccum;
+  c.effective = effective->dump(2);
   return c;
 }
 
