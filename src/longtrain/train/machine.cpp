@@ -16,7 +16,7 @@ double modelFlopsPerToken(const model::ModelConfig& m, int64_t seqLen) {
   const double table = static_cast<double>(m.vocabSize) * static_cast<double>(m.hidden);
   // numParams counts the table once, and an untied head separately; a tied head reuses the table.
   const double matmulParams = static_cast<double>(m.numParams()) - table + (m.tieEmbeddings ? table : 0);
-  return 6 * matmulParams + 6 * static_cast<double>(m.layers) * static_cast<double>(seqLen) * static_cast<double>(m.hidden);
+  return 6 * matmulParams + 6 * static_cast<double>(m.layers) * static_cast<double>(seqLen) * static_cast<double>(m.qDim());
 }
 
 double measureGemmPeakFlops(model::GemmRoute route) {
