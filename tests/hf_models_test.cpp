@@ -201,6 +201,12 @@ TEST(HfModelKeys, UnimplementedVariantsAreRefusedByName) {
   EXPECT_NE(errorOf([&] { lt::config::readHfLlamaConfig(qwenWindow.string()); })
                 .find("use_sliding_window = true is not implemented for qwen2"),
             std::string::npos);
+  auto layers = editedFixture("qwen3_qknorm_headdim", [](json& c) {
+    c["layer_types"] = {"full_attention", "sliding_attention"};
+  });
+  EXPECT_NE(errorOf([&] { lt::config::readHfLlamaConfig(layers.string()); })
+                .find("layer_types holds \"sliding_attention\""),
+            std::string::npos);
   auto gemma = editedFixture("qwen2_bias", [](json& c) { c["model_type"] = "gemma"; });
   EXPECT_NE(errorOf([&] { lt::config::readHfLlamaConfig(gemma.string()); }).find("model_type \"gemma\" is not supported"),
             std::string::npos);

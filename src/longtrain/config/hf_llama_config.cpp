@@ -79,6 +79,10 @@ void refuseUnimplemented(const json& j, const std::string& file, const std::stri
     LT_CHECK(!boolField(j, file, "use_sliding_window"), "'", file, "': use_sliding_window = true is not ",
              "implemented for ", type, " (its window covers only some layers: max_window_layers / layer_types); ",
              "longtrain has Mistral's window on every layer");
+  if (auto it = j.find("layer_types"); it != j.end() && it->is_array())
+    for (const auto& t : *it)
+      LT_CHECK(t == "full_attention", "'", file, "': layer_types holds ", t.dump(), "; only \"full_attention\" ",
+               "layers are implemented (per-layer sliding windows are not)");
 }
 
 // head_dim when given and not hidden / heads (0 otherwise: derived).
