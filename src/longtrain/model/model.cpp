@@ -338,7 +338,8 @@ at::Tensor Model::norm(const at::Tensor& x, const at::Tensor& w) const {
 }
 
 // block() for new tokens at positions `pos` attending to the cache (plain softmax: decoding
-// steps are one query long, and a prompt's [T, T] scores are small next to training's).
+// steps are one query long, and a prompt's [T, T] scores are small next to training's). With a
+// sliding window only the cache's last W - 1 entries and the new tokens are read (keys from `lo`).
 at::Tensor Model::decodeBlock(int b, const at::Tensor& x, const at::Tensor& pos, KvCache& cache) const {
   const auto& k = blocks_[b];
   const int64_t B = x.size(0), T = x.size(1), H = cfg_.heads, KV = cfg_.kvHeads, Dh = cfg_.headDim();
@@ -348,16 +349,17 @@ at::Tensor Model::decodeBlock(int b, const at::Tensor& x, const at::Tensor& pos,
   auto q = rope(p.q, pos, cfg_.ropeTheta, cfg_.ropeScaling);
   cache.k[b].narrow(1, past, T).copy_(rope(p.k, pos, cfg_.ropeTheta, cfg_.ropeScaling));
   cache.v[b].narrow(1, past, T).copy_(p.v);
-  auto keys = cache.k[b].narrow(1, 0, total), values = cache.v[b].narrow(1, 0, total);
+  const int64_t lo = cfg_.slidingWindow > 0 ? std::max<int64_t>(0, past - (cfg_.slidingWindow - 1)) : 0;
+  auto keys = cache.k[b].narrow(1, lo, total - lo), values = cache.v[b].narrow(1, lo, total - lo);
   if (KV != H) {
     keys = keys.repeat_interleave(H / KV, 2);
     values = values.repeat_interleave(H / KV, 2);
   }
   auto scores = at::matmul(q.transpose(1, 2), keys.transpose(1, 2).transpose(-2, -1)) / std::sqrt(double(Dh));
-  auto rows = at::arange(past, total, at::kLong).unsqueeze(1), cols = at::arange(total, at::kLong).unsqueeze(0);
+  auto rows = at::arange(past, total, at::kLong).unsqueeze(1), cols = at::arange(lo, total, at::kLong).unsqueeze(0);
   auto hidden = cols > rows;
   if (cfg_.slidingWindow > 0) hidden = hidden | (cols <= rows - cfg_.slidingWindow);
-  scores = scores.masked_fill(hidden, -std::numeric_limits<float>::infinity());  // [B, H, T, total]
+  scores = scores.masked_fill(hidden, -std::numeric_limits<float>::infinity());  // [B, H, T, total - lo]
   auto a = at::matmul(at::softmax(scores, -1), values.transpose(1, 2)).transpose(1, 2).reshape({B, T, H * Dh});
   auto x1 = x + outputProjection(k, a);
   return x1 + tiledMlp(norm(x1, k.mlpNorm), k.wGate, k.wUp, k.wDown, 1, {cfg_.fusedKernels, gemmRoute(cfg_)});
