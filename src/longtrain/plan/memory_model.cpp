@@ -130,6 +130,12 @@ void attentionCost(const config::Config& c, const Dims& d, Bytes& savedAttn, Byt
   savedAttn.add(fusedOps ? 5 : 6, uD);
   savedAttn.add(fusedOps && c.model.attention == "fused" ? 4 : 3, uKV);
   if (fusedOps) savedAttn.add(1, d.D * (d.H * d.Dh + 2 * d.KV * d.Dh) * kF);
+  // Qwen3's q/k norms save their inputs (contiguous copies of the q and k columns); the ATen
+  // composition saves about twice that. Biases are added in place of the GEMM's output: nothing.
+  if (c.model.qkNorm) {
+    savedAttn.add(fusedOps ? 1 : 2, uQ);
+    savedAttn.add(fusedOps ? 1 : 2, uKV);
+  }
   if (d.ring) {
     // RingFn (sp/ring_attention.cpp) is the core. Per rank it holds U s query tokens of H/U
     // heads (uD bytes) and U s tokens of max(KV/U, 1) kv heads (uKVr). It saves q grouped under
