@@ -6,7 +6,9 @@
 // recomputed QK^T is not counted) and as % of the fp32 GEMM peak of the model's fastest fp32
 // route (oneDNN's sgemm or the BLAS), measured first in the same binary. Each fused row first
 // checks its output and gradients against the naive path (relative 1e-5; the bf16 row 2e-2,
-// tests/testing.h's kBf16Attention) and aborts the bench if not.
+// tests/testing.h's kBf16Attention) and aborts the bench if not. The fused_window512 row is
+// Mistral's sliding window W = 512 (checked against naive with that window): its GFLOP/s count
+// the causal FLOPs, so its rate over the causal row's is the time the skipped tiles save.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -51,8 +53,8 @@ double relErr(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
 }
 
-void checkAgainstNaive(Inputs& in, const AttnFn& fn, const std::string& name, double tolerance) {
-  AttnFn naive = [](auto& q, auto& k, auto& v) { return lt::model::causalAttention(q, k, v); };
+void checkAgainstNaive(Inputs& in, const AttnFn& fn, const std::string& name, double tolerance, int64_t window) {
+  AttnFn naive = [window](auto& q, auto& k, auto& v) { return lt::model::slidingWindowAttention(q, k, v, {}, window); };
   auto ref = step(in, naive), got = step(in, fn);
   for (size_t i = 0; i < ref.size(); ++i) {
     const double e = relErr(got[i], ref[i]);
@@ -71,10 +73,10 @@ double gemmPeak() {
 }
 
 // tolerance < 0: no check (the reference rows themselves).
-void run(benchmark::State& state, const AttnFn& fn, const std::string& name, double tolerance) {
+void run(benchmark::State& state, const AttnFn& fn, const std::string& name, double tolerance, int64_t window) {
   const int64_t S = state.range(0), D = state.range(1);
   auto in = makeInputs(S, D);
-  if (tolerance >= 0) checkAgainstNaive(in, fn, name, tolerance);
+  if (tolerance >= 0) checkAgainstNaive(in, fn, name, tolerance, window);
   for (auto _ : state) benchmark::DoNotOptimize(step(in, fn));
   const double flops = 6.0 * 8 * S * static_cast<double>(S) * D;  // 8 query heads
   state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
@@ -83,8 +85,9 @@ void run(benchmark::State& state, const AttnFn& fn, const std::string& name, dou
 
 void registerAll() {
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{4096, 16}, {2048, 32}, {2048, 64}};
-  auto add = [&](const std::string& name, AttnFn fn, double tolerance) {
-    auto* b = benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& s) { run(s, fn, name, tolerance); });
+  auto add = [&](const std::string& name, AttnFn fn, double tolerance, int64_t window = 0) {
+    auto* b = benchmark::RegisterBenchmark(name.c_str(),
+                                           [=](benchmark::State& s) { run(s, fn, name, tolerance, window); });
     for (auto [S, D] : shapes) b->Args({S, D});
     b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
   };
@@ -97,6 +100,11 @@ void registerAll() {
     add(std::string("fused_") + lt::model::kernelIsaName(isa),
         [o](auto& q, auto& k, auto& v) { return lt::model::fusedAttention(q, k, v, o); }, 1e-5);
   }
+  add("fused_window512", [](auto& q, auto& k, auto& v) {
+    lt::model::FusedAttentionOptions o;
+    o.documentStart = lt::model::firstVisibleKey({}, q.size(0), q.size(1), 512);
+    return lt::model::fusedAttention(q, k, v, o);
+  }, 1e-5, 512);
   if (lt::model::fusedAttentionBf16Supported()) {
     lt::model::FusedAttentionOptions o;
     o.isa = lt::model::KernelIsa::Avx512;

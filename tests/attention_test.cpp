@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "longtrain/model/attention.h"
 #include "longtrain/model/fused_attention.h"
 #include "longtrain/model/model.h"
 #include "testing.h"
@@ -137,6 +138,42 @@ TEST(FusedAttention, DocumentMaskEqualsDenseMaskedSoftmax) {
 }
 
 // Tasks own disjoint memory and each runs in a fixed order: the same bits on 1 and 2 threads.
+// Mistral's sliding window (row i sees keys i - W < j <= i) in the fused kernel (its first-visible-
+// key form: tiles left of the window skipped, partial tiles masked) and the chunked core, against
+// the naive core's own window mask, forward and backward: windows of 1, below the tile, equal to
+// it, not a multiple of it, and at or beyond the sequence; alone and within packed documents.
+TEST(FusedAttention, SlidingWindowEqualsNaiveInEveryCore) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(14);
+  const int64_t B = 2, S = 45, H = 4, KV = 2, D = 8, tile = 8;
+  auto q = at::randn({B, S, H, D}, gen), k = at::randn({B, S, KV, D}, gen), v = at::randn({B, S, KV, D}, gen);
+  auto up = at::randn({B, S, H, D}, gen);
+  const auto documents = at::arange(S, at::kLong).remainder(17).unsqueeze(0).repeat({B, 1});  // 17, 17, 11 tokens
+  for (bool packed : {false, true})
+    for (int64_t w : {1, 3, 8, 13, 17, 44, 45, 100}) {
+      const at::Tensor pos = packed ? documents : at::Tensor();
+      const std::string what = (packed ? "documents, window " : "window ") + std::to_string(w);
+      auto ref = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) {
+        return lt::model::slidingWindowAttention(a, b, c, pos, w);
+      });
+      if (w < (packed ? 16 : S - 1)) {  // the window hides keys here: the reference must differ
+        auto plain = lt::model::causalAttention(q, k, v, pos);
+        EXPECT_GT(relErr(ref.out, plain), 1e-3) << what;
+      }
+      for (auto isa : supportedIsas()) {
+        lt::model::FusedAttentionOptions o;
+        o.tile = tile;
+        o.isa = isa;
+        o.documentStart = lt::model::firstVisibleKey(pos, B, S, w);
+        auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return lt::model::fusedAttention(a, b, c, o); });
+        expectClose(got, ref, what + " fused " + lt::model::kernelIsaName(isa));
+      }
+      auto chunked = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) {
+        return lt::model::chunkedAttention(a, b, c, tile, pos, w);
+      });
+      expectClose(chunked, ref, what + " chunked");
+    }
+}
+
 TEST(FusedAttention, BitIdenticalAcrossThreadCounts) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(14);
   auto q = at::randn({2, 200, 4, 16}, gen), k = at::randn({2, 200, 2, 16}, gen), v = at::randn({2, 200, 2, 16}, gen);

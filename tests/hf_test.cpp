@@ -12,6 +12,7 @@
 #include "longtrain/ckpt/safetensors.h"
 #include "longtrain/model/generate.h"
 #include "longtrain/config/hf_llama_config.h"
+#include "hf_testing.h"
 #include "testing.h"
 
 namespace {
@@ -20,58 +21,16 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using lt::testing::errorOf;
 
-fs::path fixture(const std::string& name) { return fs::path(LONGTRAIN_SOURCE_DIR) / "tests/fixtures/hf_llama" / name; }
-
-// A one-step training config over an init_from directory (a kv_recall task small enough for
-// every fixture's vocabulary).
-json initFromConfig(const fs::path& dir) {
-  json j = json::parse(R"({
-    "train_micro_batch_size_per_gpu": 2,
-    "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
-    "data": {"seq_len": 12, "num_samples": 64, "eval_samples": 0,
-             "kv": {"num_pairs": 2, "num_queries": 2, "num_keys": 4, "num_values": 4, "num_noise": 4}},
-    "train": {"steps": 2}
-  })");
-  j["model"] = {{"init_from", dir.string()}};
-  return j;
-}
-
-struct Reference {
-  at::Tensor ids, labels, pos, logits;
-  double loss;
-};
-Reference readReference(const fs::path& dir) {
-  lt::ckpt::SafetensorsFile f((dir / "reference.safetensors").string());
-  return {f.view("input_ids").clone(), f.view("labels").clone(), f.view("position_ids").clone(),
-          f.view("logits").clone(), f.view("loss").to(at::kDouble).sum().item<double>()};
-}
+fs::path fixture(const std::string& name) { return lt::testing::hfFixture("hf_llama", name); }
+using lt::testing::initFromConfig;
+using Reference = lt::testing::HfReference;
+Reference readReference(const fs::path& dir) { return lt::testing::readHfReference(dir); }
 
 class HfOracle : public ::testing::TestWithParam<std::string> {};
 
 // Through the engine (init_from, every attention core and both kernel paths): logits and the
 // mean loss within 1e-5 of the independent implementation.
-TEST_P(HfOracle, LogitsAndLossMatchTheIndependentForward) {
-  at::set_num_threads(1);
-  const fs::path dir = fixture(GetParam());
-  const Reference ref = readReference(dir);
-  for (const auto& [attention, fused] : {std::pair{"fused", true}, {"chunked", true}, {"naive", false}}) {
-    json j = initFromConfig(dir);
-    j["model"]["attention"] = attention;
-    j["model"]["fused_kernels"] = fused;
-    lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
-      lt::train::Engine e(lt::config::parseConfig(j, 1), g);
-      at::NoGradGuard ng;
-      auto logits = e.model().forward(ref.ids, ref.pos, lt::model::attentionCore(e.config().model));
-      const double maxDiff = (logits.to(at::kDouble) - ref.logits.to(at::kDouble)).abs().max().item<double>();
-      auto ls = lt::model::lossSum(logits, lt::data::shiftLabels(ref.labels));
-      const double loss = ls.sum.item<double>() / static_cast<double>(ls.count);
-      std::printf("[oracle] %s %s fused_kernels=%d: max |logit diff| %.3g (max |logit| %.3g), loss %.8f vs %.8f\n",
-                  GetParam().c_str(), attention, fused, maxDiff, ref.logits.abs().max().item<double>(), loss, ref.loss);
-      EXPECT_LE(maxDiff, lt::testing::Tol::kHfOracle) << attention;
-      EXPECT_LE(std::abs(loss - ref.loss), lt::testing::Tol::kHfOracle) << attention;
-    });
-  }
-}
+TEST_P(HfOracle, LogitsAndLossMatchTheIndependentForward) { lt::testing::checkHfOracle(fixture(GetParam())); }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfOracle, ::testing::Values("gqa_untied", "mha_tied", "gqa_sharded_bf16",
                                                                     "gqa_llama3_rope", "gqa_yarn_rope"));
@@ -169,15 +128,7 @@ TEST(HfLoad, MissingUnexpectedAndMisShapedTensorsAreListedByName) {
 // model exactly (fp32), or rounded to bf16 with --dtype bf16.
 TEST(HfExport, InitFromTheExportReproducesTheModel) {
   auto root = lt::testing::freshTempDir("longtrain_hf_export");
-  json j = initFromConfig(fixture("gqa_untied"));
-  j["train"]["checkpoint"] = {{"dir", (root / "ckpt").string()}};
-  lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
-    lt::train::Engine e(lt::config::parseConfig(j, 1), g);
-    e.step();
-    e.step();
-    lt::ckpt::save(e, (root / "ckpt").string(), 0);
-  });
-  lt::ckpt::Checkpoint c(lt::ckpt::resolve((root / "ckpt").string()));
+  const lt::ckpt::Checkpoint c = lt::testing::trainTwoStepsAndSave(fixture("gqa_untied"), root);
   for (const std::string dtype : {"fp32", "bf16"}) {
     const fs::path out = root / ("hf_" + dtype);
     lt::ckpt::HfExportOptions o;
@@ -238,19 +189,10 @@ TEST(HfExport, ContextExtensionIsWhatExportWrites) {
 TEST(Generate, GreedyEqualsTheArgmaxOfTheTrainingForward) {
   at::set_num_threads(1);
   auto m = lt::ckpt::loadInferenceModel(fixture("gqa_untied").string());
+  lt::testing::expectGreedyEqualsForwardArgmax(*m.model);
   const std::vector<int64_t> prompt = {1, 7, 3, 22, 9};
   lt::model::SamplingOptions o;
   o.maxNewTokens = 12;
-  const auto out = lt::model::generate(*m.model, prompt, o);
-  ASSERT_EQ(out.size(), 12u);
-  std::vector<int64_t> all = prompt;
-  all.insert(all.end(), out.begin(), out.end());
-  auto ids = at::tensor(all, at::kLong).unsqueeze(0);
-  auto pos = at::arange(ids.size(1), at::kLong).unsqueeze(0);
-  at::NoGradGuard ng;
-  auto argmax = m.model->forward(ids, pos, lt::model::attentionCore(m.model->config())).argmax(-1)[0];
-  for (size_t i = 0; i < out.size(); ++i)
-    EXPECT_EQ(argmax[prompt.size() - 1 + i].item<int64_t>(), out[i]) << "generated token " << i;
   // Sampling is seeded: the same seed, the same tokens; another seed, (almost surely) others.
   o.temperature = 1.0;
   o.topK = 10;

@@ -32,12 +32,13 @@ struct RingCase {
   std::string balance;  // "contiguous" | "zigzag"
   bool packed = false;
   int64_t seqLen = 16;
+  int64_t window = 0;  // Mistral's sliding window (0: none)
 };
 
 std::string caseName(const RingCase& c) {
   return "P" + std::to_string(c.p) + "_R" + std::to_string(c.ring) + "_H" + std::to_string(c.heads) + "_KV" +
          std::to_string(c.kvHeads) + "_" + c.balance + (c.packed ? "_packed" : "") + "_S" +
-         std::to_string(c.seqLen);
+         std::to_string(c.seqLen) + (c.window ? "_W" + std::to_string(c.window) : "");
 }
 
 lt::model::ModelConfig ringModel(const RingCase& c) {
@@ -49,6 +50,7 @@ lt::model::ModelConfig ringModel(const RingCase& c) {
   mc.kvHeads = c.kvHeads;
   mc.intermediate = 40;
   mc.packedDocuments = c.packed;
+  if (c.window > 0) mc.modelType = "mistral", mc.slidingWindow = c.window;
   return mc;
 }
 
@@ -90,7 +92,11 @@ Measured checkRing(const RingCase& c) {
   lt::compile::RunOptions ro;
   ro.lossDenominator = whole.shift_labels.ne(-100).sum().item<double>();
   lt::model::Model ref(mc, 3);
-  lt::compile::Executor rex(ref, lt::model::causalAttention, {});
+  lt::model::AttentionFn naive = [w = c.window](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                const at::Tensor& pos) {
+    return lt::model::slidingWindowAttention(q, k, v, pos, w);
+  };
+  lt::compile::Executor rex(ref, naive, {});
   const auto rst = rex.run(lt::compile::baseProgram(ref.numBlocks()), whole, ro);
 
   const auto layout = lt::config::ParallelLayout::make(c.p, c.p, c.heads, c.kvHeads, c.ring, c.balance);
@@ -99,7 +105,8 @@ Measured checkRing(const RingCase& c) {
   runRanks(c.p, c.p, [&](int r, lt::comm::Groups& g) {
     lt::model::Model m(mc, 3);
     // Blocks of 3: tiles that straddle shard, chunk and document boundaries.
-    auto attn = lt::sp::sequenceParallelAttention(g.spUlysses, g.spRing, layout, r, lt::model::attentionCore(mc), 3);
+    auto attn = lt::sp::sequenceParallelAttention(g.spUlysses, g.spRing, layout, r, lt::model::attentionCore(mc), 3,
+                                                  nullptr, c.window);
     lt::compile::Executor ex(m, attn, {});
     auto st = ex.run(lt::compile::baseProgram(m.numBlocks()), lt::sp::shardBatch(whole, r, layout), ro);
     auto loss = at::tensor({st.lossSum}, at::kDouble);
@@ -139,6 +146,11 @@ std::vector<RingCase> ringCases() {
   out.push_back({2, 2, 2, 2, "zigzag", false, 127});  // odd length: padded to 128
   out.push_back({2, 1, 2, 2, "contiguous", false, 127});  // Ulysses only, padded to 128
   out.push_back({2, 2, 2, 1, "contiguous", true, 127});
+  // Sliding windows by global index: below, across and beyond the blocks of 3 and the shards.
+  out.push_back({4, 4, 2, 1, "zigzag", false, 16, 3});
+  out.push_back({4, 2, 4, 2, "zigzag", true, 16, 5});
+  out.push_back({2, 2, 2, 1, "contiguous", true, 127, 7});
+  out.push_back({2, 1, 2, 2, "contiguous", false, 127, 20});  // Ulysses only: the local core's window
   return out;
 }
 

@@ -373,7 +373,7 @@ int cmdExport(const std::string& path, const std::string& out, const std::string
   if (out.size() > 12 && out.compare(out.size() - 12, 12, ".safetensors") == 0) {  // one file, as before
     LT_CHECK(dtype == "fp32", "export --dtype ", dtype, " is for a model directory; give --out DIR");
     lt::ckpt::exportModel(c, out);
-    std::printf("export: %s (step %lld) -> %s: %zu tensors, %.2fM parameters, fp32, Hugging Face Llama names\n",
+    std::printf("export: %s (step %lld) -> %s: %zu tensors, %.2fM parameters, fp32, Hugging Face names\n",
                 c.dir().c_str(), (long long)c.manifest().step, out.c_str(), c.manifest().params.size(), n / 1e6);
     return 0;
   }
@@ -393,7 +393,7 @@ int cmdExport(const std::string& path, const std::string& out, const std::string
               "%.1f MiB)%s%s\n",
               c.dir().c_str(), (long long)c.manifest().step, out.c_str(), (long long)r.tensors, r.parameters / 1e6,
               dtype.c_str(), r.bytes / 1048576.0, copied.empty() ? "" : ", tokenizer:", copied.c_str());
-  std::printf("        load it with model.init_from=%s (longtrain) or LlamaForCausalLM.from_pretrained (Hugging Face)\n",
+  std::printf("        load it with model.init_from=%s (longtrain) or AutoModelForCausalLM.from_pretrained (Hugging Face)\n",
               out.c_str());
   return 0;
 }
@@ -611,7 +611,7 @@ CLI::App* addTrainCommand(CLI::App& app, TrainFlags& fl) {
 }
 
 CLI::App* addExportCommand(CLI::App& app, ExportFlags& f) {
-  auto* exp = app.add_subcommand("export", "write a checkpoint's model as a Hugging Face Llama directory (config.json, "
+  auto* exp = app.add_subcommand("export", "write a checkpoint's model as a Hugging Face directory (config.json, "
                                            "model.safetensors, the tokenizer), or as one .safetensors file");
   exp->add_option("CKPT", f.ckpt, "a checkpoint directory, or a root (its newest complete checkpoint)")->required();
   exp->add_option("--out", f.out, "the model directory to write (or a file ending in .safetensors: the weights "
@@ -652,7 +652,7 @@ CLI::App* addInfoCommand(CLI::App& app, int* threads) {
 }
 
 CLI::App* addGenerateCommand(CLI::App& app, GenerateFlags& gf) {
-  auto* gen = app.add_subcommand("generate", "generate text from a checkpoint or a Hugging Face Llama directory "
+  auto* gen = app.add_subcommand("generate", "generate text from a checkpoint or a Hugging Face directory "
                                             "(KV cache; tokens printed as they come)");
   gen->add_option("MODEL", gf.source, "a checkpoint (step directory or root) or a Hugging Face model directory")
       ->required();

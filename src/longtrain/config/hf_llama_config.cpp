@@ -1,6 +1,7 @@
 // config.json <-> ModelConfig. Hugging Face defaults (LlamaConfig's) apply to absent optional
 // fields: num_key_value_heads = num_attention_heads, rope_theta 10000, rms_norm_eps 1e-6,
-// tie_word_embeddings false.
+// tie_word_embeddings false, head_dim hidden_size / num_attention_heads. The model type decides
+// the rest: Qwen2's q/k/v biases, Qwen3's q/k norms, Mistral's sliding_window.
 #include "longtrain/config/hf_llama_config.h"
 
 #include <nlohmann/json.hpp>
@@ -52,17 +53,54 @@ int64_t tokenId(const json& j, const char* key) {
   return it->is_number_integer() ? it->get<int64_t>() : -1;
 }
 
-void refuseUnimplemented(const json& j, const std::string& file, const ModelConfig& m) {
+bool boolField(const json& j, const std::string& file, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return false;
+  LT_CHECK(it->is_boolean(), "'", file, "': '", key, "' must be true or false, got ", it->dump());
+  return it->get<bool>();
+}
+
+std::string modelTypeOf(const json& j, const std::string& file) {
   const std::string type = j.value("model_type", std::string("llama"));
-  LT_CHECK(type == "llama", "'", file, "': model_type \"", type, "\" is not supported; longtrain loads Llama ",
-           "models (model_type \"llama\")");
+  bool known = false;
+  for (const char* t : kModelTypes) known |= type == t;
+  LT_CHECK(known, "'", file, "': model_type \"", type, "\" is not supported; longtrain loads \"llama\", ",
+           "\"qwen2\", \"qwen3\" and \"mistral\"");
+  return type;
+}
+
+void refuseUnimplemented(const json& j, const std::string& file, const std::string& type) {
   const std::string act = j.value("hidden_act", std::string("silu"));
-  LT_CHECK(act == "silu", "'", file, "': hidden_act \"", act, "\" is not implemented (Llama's SwiGLU uses silu)");
-  for (const char* bias : {"attention_bias", "mlp_bias"})
-    LT_CHECK(!j.value(bias, false), "'", file, "': ", bias, " = true is not implemented (Llama has no biases)");
-  if (auto it = j.find("head_dim"); it != j.end() && !it->is_null())
-    LT_CHECK(it->is_number_integer() && it->get<int64_t>() == m.headDim(), "'", file, "': head_dim ", it->dump(),
-             " differs from hidden_size / num_attention_heads = ", m.headDim(), ", which longtrain requires");
+  LT_CHECK(act == "silu", "'", file, "': hidden_act \"", act, "\" is not implemented (the SwiGLU MLP uses silu)");
+  LT_CHECK(!boolField(j, file, "mlp_bias"), "'", file, "': mlp_bias = true is not implemented (no MLP biases)");
+  LT_CHECK(type != "mistral" || !boolField(j, file, "attention_bias"), "'", file,
+           "': attention_bias = true: Mistral's projections have no biases; remove the field");
+  if (type == "qwen2" || type == "qwen3")
+    LT_CHECK(!boolField(j, file, "use_sliding_window"), "'", file, "': use_sliding_window = true is not ",
+             "implemented for ", type, " (its window covers only some layers: max_window_layers / layer_types); ",
+             "longtrain has Mistral's window on every layer");
+  if (auto it = j.find("layer_types"); it != j.end() && it->is_array())
+    for (const auto& t : *it)
+      LT_CHECK(t == "full_attention", "'", file, "': layer_types holds ", t.dump(), "; only \"full_attention\" ",
+               "layers are implemented (per-layer sliding windows are not)");
+}
+
+// head_dim when given and not hidden / heads (0 otherwise: derived).
+int64_t headDimOf(const json& j, const std::string& file, const ModelConfig& m) {
+  const int64_t given = intField(j, file, "head_dim", 0, false);
+  LT_CHECK(given > 0 || m.hidden % m.heads == 0, "'", file, "': hidden_size ", m.hidden,
+           " is not a multiple of num_attention_heads ", m.heads, " and there is no head_dim");
+  return given > 0 && !(m.hidden % m.heads == 0 && given == m.hidden / m.heads) ? given : 0;
+}
+
+// The variant's switches from model_type and its own fields.
+void readVariant(const json& j, const std::string& file, ModelConfig& m) {
+  m.modelType = modelTypeOf(j, file);
+  refuseUnimplemented(j, file, m.modelType);
+  m.headDimension = headDimOf(j, file, m);
+  m.attentionBias = m.modelType != "qwen2" && boolField(j, file, "attention_bias");
+  m.qkNorm = m.modelType == "qwen3";
+  if (m.modelType == "mistral") m.slidingWindow = intField(j, file, "sliding_window", 0, false);
 }
 
 double scalingNumber(const json& j, const std::string& what, const char* key, double def) {
@@ -150,9 +188,9 @@ HfLlamaConfig readHfLlamaConfig(const std::string& dir) {
     LT_CHECK(it->is_boolean(), "'", file, "': tie_word_embeddings must be true or false, got ", it->dump());
     m.tieEmbeddings = it->get<bool>();
   }
-  LT_CHECK(m.hidden % m.heads == 0 && m.heads % m.kvHeads == 0, "'", file, "': hidden_size ", m.hidden,
-           ", num_attention_heads ", m.heads, " and num_key_value_heads ", m.kvHeads, " do not divide each other");
-  refuseUnimplemented(j, file, m);
+  LT_CHECK(m.heads % m.kvHeads == 0, "'", file, "': num_attention_heads ", m.heads,
+           " is not a multiple of num_key_value_heads ", m.kvHeads);
+  readVariant(j, file, m);
   if (auto it = j.find("rope_scaling"); it != j.end()) m.ropeScaling = ropeScalingFromJson(*it, "'" + file + "'");
   c.maxPositions = intField(j, file, "max_position_embeddings", 0, false);
   if (auto it = j.find("torch_dtype"); it != j.end() && it->is_string()) c.torchDtype = it->get<std::string>();
@@ -161,10 +199,33 @@ HfLlamaConfig readHfLlamaConfig(const std::string& dir) {
   return c;
 }
 
+namespace {
+
+const char* architectureOf(const std::string& type) {
+  if (type == "qwen2") return "Qwen2ForCausalLM";
+  if (type == "qwen3") return "Qwen3ForCausalLM";
+  if (type == "mistral") return "MistralForCausalLM";
+  return "LlamaForCausalLM";
+}
+
+// The fields that differ between the model types (their configuration classes' own).
+void writeVariant(const ModelConfig& m, json& j) {
+  if (m.modelType == "llama" || m.modelType == "qwen3") j["attention_bias"] = m.attentionBias;
+  if (m.modelType == "llama") j["mlp_bias"] = false;
+  if (m.modelType == "qwen2" || m.modelType == "qwen3") {
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = m.layers;
+  }
+  if (m.modelType == "mistral") j["sliding_window"] = m.slidingWindow > 0 ? json(m.slidingWindow) : json(nullptr);
+}
+
+}  // namespace
+
 json hfLlamaConfigJson(const HfLlamaConfig& c) {
   const ModelConfig& m = c.model;
-  json j{{"architectures", {"LlamaForCausalLM"}},
-         {"model_type", "llama"},
+  json j{{"architectures", {architectureOf(m.modelType)}},
+         {"model_type", m.modelType},
          {"torch_dtype", c.torchDtype.empty() ? "float32" : c.torchDtype},
          {"vocab_size", m.vocabSize},
          {"hidden_size", m.hidden},
@@ -179,11 +240,10 @@ json hfLlamaConfigJson(const HfLlamaConfig& c) {
          {"rms_norm_eps", m.normEps},
          {"tie_word_embeddings", m.tieEmbeddings},
          {"max_position_embeddings", c.maxPositions},
-         {"attention_bias", false},
          {"attention_dropout", 0.0},
-         {"mlp_bias", false},
          {"initializer_range", m.initStd},
          {"use_cache", true}};
+  writeVariant(m, j);
   if (c.bosId >= 0) j["bos_token_id"] = c.bosId;
   if (c.eosId >= 0) j["eos_token_id"] = c.eosId;
   return j;

@@ -1,7 +1,8 @@
-// Hugging Face Llama's config.json, read into a ModelConfig and written from one. Non-obvious:
-// reading refuses every field whose meaning longtrain does not implement (rope_scaling other
-// than linear and llama3, biases, an activation other than silu, a head_dim other than
-// hidden / heads) by name, rather than loading weights into a model that computes otherwise.
+// Hugging Face's config.json of a Llama, Qwen2, Qwen3 or Mistral, read into a ModelConfig and
+// written from one. Non-obvious: reading refuses every field whose meaning longtrain does not
+// implement (rope_scaling other than linear and llama3, MLP biases, an activation other than
+// silu, Qwen's per-layer sliding windows) by name, rather than loading weights into a model
+// that computes otherwise.
 #pragma once
 #include <nlohmann/json_fwd.hpp>
 
@@ -28,7 +29,8 @@ HfLlamaConfig readHfLlamaConfig(const std::string& dir);
 RopeScaling ropeScalingFromJson(const nlohmann::json& j, const std::string& what);
 nlohmann::json ropeScalingJson(const RopeScaling& s);  // null for "none"
 
-// The config.json of a LlamaForCausalLM with this shape (torchDtype "float32" or "bfloat16").
+// The config.json of a LlamaForCausalLM (or Qwen2/Qwen3/Mistral's, by model.modelType) with this
+// shape (torchDtype "float32" or "bfloat16").
 nlohmann::json hfLlamaConfigJson(const HfLlamaConfig& c);
 
 // longtrain's model keys and the Hugging Face fields they mirror, in config order.
@@ -42,6 +44,12 @@ inline constexpr HfKey kHfModelKeys[] = {
     {"num_kv_heads", "num_key_value_heads"}, {"intermediate_size", "intermediate_size"},
     {"rope_theta", "rope_theta"},        {"rms_norm_eps", "rms_norm_eps"},
     {"tie_word_embeddings", "tie_word_embeddings"},
+    {"model_type", "model_type"},        {"head_dim", "head_dim"},
+    {"attention_bias", "attention_bias"}, {"qk_norm", "q/k norms (model_type)"},
+    {"sliding_window", "sliding_window"},
 };
+
+// The model types longtrain loads, and which of their fields it implements.
+inline constexpr const char* kModelTypes[] = {"llama", "qwen2", "qwen3", "mistral"};
 
 }  // namespace lt::config

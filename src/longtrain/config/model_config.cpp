@@ -15,7 +15,8 @@ double RopeScaling::attentionScale() const {
 int64_t ModelConfig::blockParams() const {
   const int64_t kvDim = kvHeads * headDim();
   // input and post-attention norms; q and o; k and v; gate, up and down.
-  return 2 * hidden + 2 * hidden * hidden + 2 * hidden * kvDim + 3 * hidden * intermediate;
+  const int64_t base = 2 * hidden + 2 * hidden * qDim() + 2 * hidden * kvDim + 3 * hidden * intermediate;
+  return base + (qkvBias() ? qDim() + 2 * kvDim : 0) + (oBias() ? hidden : 0) + (qkNorm ? 2 * headDim() : 0);
 }
 
 }  // namespace lt::config

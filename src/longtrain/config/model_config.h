@@ -1,5 +1,5 @@
-// The model's section of the config: a Llama-style decoder's shape and the choices of its
-// kernels. Plain data, no libtorch, so every module (the model, the memory model, checkpoints,
+// The model's section of the config: a Llama-style decoder's shape (Llama, Qwen2, Qwen3 or
+// Mistral: the same block with biases, q/k norms or a sliding window) and its kernels' choices. Plain data, no libtorch, so every module (the model, the memory model, checkpoints,
 // the Hugging Face reader) shares one definition. Non-obvious: the defaults below are the
 // parsed defaults too (the parser reads over a default-constructed struct), except the two
 // derived from other keys: num_kv_heads (= num_heads) and intermediate_size (= 4 x hidden).
@@ -58,9 +58,21 @@ struct ModelConfig {
   // the documents the position ids mark (they restart at 0 at each document's first token).
   bool packedDocuments = false;
 
-  int64_t headDim() const { return hidden / heads; }
+  // Hugging Face's model_type: "llama", "qwen2", "qwen3" or "mistral". It sets the defaults of
+  // the switches below and the config.json export writes; the block computes from the switches.
+  std::string modelType = "llama";
+  int64_t headDimension = 0;   // head_dim; 0: hidden / heads
+  bool attentionBias = false;  // attention_bias (Llama, Qwen3, Mistral): q, k, v and o biases
+  bool qkNorm = false;         // Qwen3: RMSNorm over each head of q and k, before RoPE
+  int64_t slidingWindow = 0;   // Mistral: query i sees keys i-W < j <= i (0: no window)
+
+  int64_t headDim() const { return headDimension > 0 ? headDimension : hidden / heads; }
+  int64_t qDim() const { return heads * headDim(); }  // q_proj's outputs, o_proj's inputs
+  // Qwen2 has q, k and v biases whatever attention_bias says, and never an o_proj bias.
+  bool qkvBias() const { return modelType == "qwen2" || attentionBias; }
+  bool oBias() const { return modelType != "qwen2" && attentionBias; }
   // Parameter counts, the one definition the model, the memory model and MFU use.
-  int64_t blockParams() const;  // 2 norms, q/k/v/o, SwiGLU's three matrices
+  int64_t blockParams() const;  // 2 norms, q/k/v/o (+ biases, q/k norms), SwiGLU's three matrices
   int64_t embedParams() const { return vocabSize * hidden; }
   int64_t headParams() const { return hidden + (tieEmbeddings ? 0 : vocabSize * hidden); }  // final norm + LM head
   int64_t numParams() const { return layers * blockParams() + embedParams() + headParams(); }

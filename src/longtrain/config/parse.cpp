@@ -179,6 +179,19 @@ struct ModelKeys {
   }
 };
 
+// model_type and the switches it defaults (config/model_config.h); validate.cpp checks that
+// they form a model Hugging Face's class of that type has.
+void parseVariant(ModelKeys& k, ModelConfig& mc, const ModelConfig& theirs) {
+  JsonReader& m = k.m;
+  const bool hf = k.hf != nullptr;
+  mc.modelType = k.agree("model_type", m.getEnum("model_type", theirs.modelType, {"llama", "qwen2", "qwen3", "mistral"}),
+                         theirs.modelType);
+  mc.headDimension = k.integer("head_dim", 0, theirs.headDimension, 0, 1 << 20);
+  mc.attentionBias = k.agree("attention_bias", m.getBool("attention_bias", theirs.attentionBias), theirs.attentionBias);
+  mc.qkNorm = k.agree("qk_norm", m.getBool("qk_norm", hf ? theirs.qkNorm : mc.modelType == "qwen3"), theirs.qkNorm);
+  mc.slidingWindow = k.integer("sliding_window", 0, theirs.slidingWindow, 0, kBig);
+}
+
 void parseArchitecture(JsonReader& m, ModelConfig& mc, const std::optional<HfLlamaConfig>& hf) {
   const ModelConfig theirs = hf ? hf->model : ModelConfig{};
   ModelKeys k{m, hf ? &*hf : nullptr, mc.initFrom + "/config.json"};
@@ -197,6 +210,7 @@ void parseArchitecture(JsonReader& m, ModelConfig& mc, const std::optional<HfLla
   if (hf) mc.maxPositions = hf->maxPositions;
   const json* scaling = m.find("rope_scaling");
   mc.ropeScaling = scaling ? ropeScalingFromJson(*scaling, m.name("rope_scaling")) : theirs.ropeScaling;
+  parseVariant(k, mc, theirs);
 }
 
 ModelConfig parseModel(JsonReader m) {
@@ -290,6 +304,11 @@ std::string effectiveSource(json j, const ModelConfig& mc) {
   m["rms_norm_eps"] = mc.normEps;
   m["tie_word_embeddings"] = mc.tieEmbeddings;
   if (mc.ropeScaling.type != "none") m["rope_scaling"] = ropeScalingJson(mc.ropeScaling);
+  if (mc.modelType != "llama") m["model_type"] = mc.modelType;  // the variant's keys, where not Llama's defaults
+  if (mc.headDimension > 0) m["head_dim"] = mc.headDimension;
+  if (mc.attentionBias) m["attention_bias"] = true;
+  if (mc.qkNorm) m["qk_norm"] = true;
+  if (mc.slidingWindow > 0) m["sliding_window"] = mc.slidingWindow;
   return j.dump();
 }
 

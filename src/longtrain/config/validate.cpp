@@ -47,12 +47,29 @@ void resolveBatch(Config& c) {
   c.gradAccum = ga;
 }
 
+// Each variant switch only where Hugging Face's class of model.model_type has it, so that every
+// model trained can be exported as that type.
+void checkVariant(const ModelConfig& m) {
+  LT_CHECK(m.qkNorm == (m.modelType == "qwen3"), "model.qk_norm=", m.qkNorm ? "true" : "false",
+           " with model.model_type=\"", m.modelType, "\": Qwen3 (and only Qwen3) has q/k norms; set model_type ",
+           "\"qwen3\" or remove qk_norm");
+  LT_CHECK(m.slidingWindow == 0 || m.modelType == "mistral", "model.sliding_window=", m.slidingWindow,
+           " needs model.model_type=\"mistral\" (", m.modelType, "'s sliding window, where it has one, covers ",
+           "only some layers, which is not implemented)");
+  LT_CHECK(!m.attentionBias || m.modelType == "llama" || m.modelType == "qwen3", "model.attention_bias=true with ",
+           "model.model_type=\"", m.modelType, "\": ",
+           m.modelType == "qwen2" ? "Qwen2 always has q/k/v biases and no o_proj bias; remove the key"
+                                  : "Mistral has no biases; remove the key");
+}
+
 void checkModel(const ModelConfig& m) {
-  LT_CHECK(m.hidden % m.heads == 0, "model.hidden_size=", m.hidden, " must be divisible by model.num_heads=", m.heads);
+  LT_CHECK(m.headDimension > 0 || m.hidden % m.heads == 0, "model.hidden_size=", m.hidden,
+           " must be divisible by model.num_heads=", m.heads, ", or model.head_dim given");
   LT_CHECK(m.heads % m.kvHeads == 0, "model.num_heads=", m.heads, " must be divisible by model.num_kv_heads=",
            m.kvHeads);
-  LT_CHECK(m.headDim() % 2 == 0, "model.hidden_size / model.num_heads = ", m.headDim(),
+  LT_CHECK(m.headDim() % 2 == 0, "model.head_dim (hidden_size / num_heads unless given) = ", m.headDim(),
            " must be even (RoPE rotates pairs)");
+  checkVariant(m);
 }
 
 void checkZero(const Config& c) {

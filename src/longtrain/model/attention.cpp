@@ -38,11 +38,19 @@ at::Tensor blockScores(const at::Tensor& q, const at::Tensor& k, int64_t qs, int
   return s;
 }
 
+// The first key block query rows [qs, qe) need: 0, or with a sliding window (`skip`) the block
+// of their smallest first visible key (`start`). Only windows skip: packed documents alone keep
+// the loop over every block they always ran.
+int64_t firstKeyBlock(const at::Tensor& start, bool skip, int64_t qs, int64_t qe, int64_t chunk) {
+  if (!skip) return 0;
+  return start.slice(1, qs, qe).min().item<int64_t>() / chunk * chunk;
+}
+
 struct ChunkedFn : torch::autograd::Function<ChunkedFn> {
   // q, k, v: [B, H, S, D] (KV already expanded to H heads).
   // documents: [B, S] document starts (packed documents), or empty.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            int64_t chunk, const at::Tensor& documents) {
+                            int64_t chunk, const at::Tensor& documents, bool window) {
     const at::Tensor start = documents.numel() > 0 ? documents : at::Tensor();
     at::NoGradGuard ng;
     const int64_t S = q.size(2);
@@ -52,7 +60,7 @@ struct ChunkedFn : torch::autograd::Function<ChunkedFn> {
     for (int64_t qs = 0; qs < S; qs += chunk) {
       const int64_t qe = std::min(S, qs + chunk);
       at::Tensor m, l, acc;
-      for (int64_t ks = 0; ks < qe; ks += chunk) {
+      for (int64_t ks = firstKeyBlock(start, window, qs, qe, chunk); ks < qe; ks += chunk) {
         const int64_t ke = std::min(qe, ks + chunk);
         auto s = blockScores(q, k, qs, qe, ks, ke, scale, start);  // [B, H, r, c]
         auto bm = std::get<0>(s.max(-1, true));
@@ -78,6 +86,7 @@ struct ChunkedFn : torch::autograd::Function<ChunkedFn> {
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["start"] = documents;
+    ctx->saved_data["window"] = window;
     return out;
   }
 
@@ -88,6 +97,7 @@ struct ChunkedFn : torch::autograd::Function<ChunkedFn> {
     const int64_t chunk = ctx->saved_data["chunk"].toInt(), S = q.size(2);
     at::Tensor start = ctx->saved_data["start"].toTensor();
     if (start.numel() == 0) start = at::Tensor();
+    const bool window = ctx->saved_data["window"].toBool();
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
     auto dO = grads[0].contiguous();
     auto delta = (dO * out).sum(-1, true);  // [B, H, S, 1]
@@ -96,7 +106,7 @@ struct ChunkedFn : torch::autograd::Function<ChunkedFn> {
       const int64_t qe = std::min(S, qs + chunk);
       auto dOi = dO.slice(2, qs, qe), qi = q.slice(2, qs, qe);
       auto lsei = lse.slice(2, qs, qe).unsqueeze(-1), deltai = delta.slice(2, qs, qe);
-      for (int64_t ks = 0; ks < qe; ks += chunk) {
+      for (int64_t ks = firstKeyBlock(start, window, qs, qe, chunk); ks < qe; ks += chunk) {
         const int64_t ke = std::min(qe, ks + chunk);
         auto p = at::exp(blockScores(q, k, qs, qe, ks, ke, scale, start) - lsei);  // [B, H, r, c]
         dv.slice(2, ks, ke).add_(at::matmul(p.transpose(-2, -1), dOi));
@@ -106,7 +116,7 @@ struct ChunkedFn : torch::autograd::Function<ChunkedFn> {
         dk.slice(2, ks, ke).add_(at::matmul(ds.transpose(-2, -1), qi));
       }
     }
-    return {dq, dk, dv, at::Tensor(), at::Tensor()};
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -167,18 +177,18 @@ at::Tensor tiledMlp(const at::Tensor& x, const at::Tensor& wGate, const at::Tens
 }
 
 at::Tensor chunkedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk,
-                            const at::Tensor& packedPositions) {
+                            const at::Tensor& packedPositions, int64_t window) {
   LT_CHECK(chunk >= 1, "model.attention_chunk=", chunk, " must be at least 1");
   const int64_t h = q.size(2), kv = k.size(2);
   LT_ASSERT(h % kv == 0);
   // Expanding KV outside the custom function lets autograd sum the copies' gradients.
   auto kk = kv == h ? k : k.repeat_interleave(h / kv, 2);
   auto vv = kv == h ? v : v.repeat_interleave(h / kv, 2);
+  const at::Tensor start = firstVisibleKey(packedPositions, q.size(0), q.size(1), window);
   auto o = ChunkedFn::apply(q.transpose(1, 2).contiguous(), kk.transpose(1, 2).contiguous(),
                             vv.transpose(1, 2).contiguous(), chunk,
-                            // autograd's apply needs a defined tensor: an empty one means "no documents"
-                            packedPositions.defined() ? documentStartFromPositions(packedPositions)
-                                                      : at::empty({0}, at::kLong));
+                            // autograd's apply needs a defined tensor: an empty one means "no mask"
+                            start.defined() ? start : at::empty({0}, at::kLong), window > 0);
   return o.transpose(1, 2);  // [B, S, H, D]
 }
 

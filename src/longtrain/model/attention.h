@@ -11,9 +11,10 @@ namespace lt::model {
 
 // q [B, S, H, Dh], k and v [B, S, KV, Dh] -> [B, S, H, Dh]; blocks of `chunk` rows and columns
 // (S need not be a multiple of chunk). With packedPositions [B, S], block-diagonal causal over
-// the documents they mark (model::AttentionFn's contract).
+// the documents they mark (model::AttentionFn's contract); with window W > 0, query i sees keys
+// j > i - W only, and key blocks wholly left of a query block's window are skipped.
 at::Tensor chunkedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk,
-                            const at::Tensor& packedPositions = {});
+                            const at::Tensor& packedPositions = {}, int64_t window = 0);
 
 // DeepSpeed's TiledMLP: the SwiGLU MLP down(silu(gate(x)) * up(x)) over `shards` sequence
 // shards; forward keeps none of the [B, S, intermediate] activations, backward recomputes

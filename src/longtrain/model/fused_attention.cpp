@@ -172,6 +172,13 @@ at::Tensor fusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Te
                                  static_cast<int64_t>(options.isa), options.bf16);
 }
 
+at::Tensor firstVisibleKey(const at::Tensor& packedPositions, int64_t batch, int64_t seq, int64_t window) {
+  at::Tensor start = packedPositions.defined() ? documentStartFromPositions(packedPositions) : at::Tensor();
+  if (window <= 0) return start;
+  auto inWindow = (at::arange(seq, at::kLong) - (window - 1)).clamp_min(0).unsqueeze(0);  // [1, S]
+  return (start.defined() ? at::maximum(start, inWindow) : inWindow.expand({batch, seq})).contiguous();
+}
+
 bool fusedAttentionBf16Supported() { return cpuIsa().avx512Bf16; }
 
 at::Tensor documentStartFromPositions(const at::Tensor& pos) {

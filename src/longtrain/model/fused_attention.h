@@ -1,7 +1,9 @@
 // Fused causal attention for CPUs: the default attention core. Blocked over query and key tiles
 // with an online softmax (no [S, S] matrix, memory O(tile^2) per thread), causal tiles above the
 // diagonal skipped, GQA kv heads read in place (no repeated copies), the log-sum-exp saved for a
-// backward that recomputes each tile. An optional document mask makes it block-diagonal causal.
+// backward that recomputes each tile. An optional per-row first visible key makes it
+// block-diagonal causal (packed documents) and/or banded (a sliding window): tiles wholly left
+// of every row's first key are skipped, so a window makes long sequences O(S x W).
 // Non-obvious: the tile products are this module's own register-blocked micro-GEMMs, not BLAS
 // calls: at head dims of 16-128 a BLAS call per 64 x 64 tile spends more on packing than on math.
 #pragma once
@@ -36,5 +38,11 @@ at::Tensor fusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Te
 // The first position of each token's document when position ids restart at 0 per document
 // (Hugging Face's packing convention): start[s] = s - pos[s]. pos [B, S] -> [B, S] int64.
 at::Tensor documentStartFromPositions(const at::Tensor& pos);
+
+// The first key each of the [batch, seq] queries may see: its document's start (packedPositions
+// defined) and, with a sliding window W > 0, nothing W or more tokens back: max(start, s - W + 1).
+// Within a document positions differ as indices do, so the window is on position differences.
+// Undefined when neither applies (plain causal). The chunked, fused and ring cores take this.
+at::Tensor firstVisibleKey(const at::Tensor& packedPositions, int64_t batch, int64_t seq, int64_t window);
 
 }  // namespace lt::model

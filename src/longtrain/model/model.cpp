@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "longtrain/core/check.h"
@@ -71,6 +72,11 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& pos, double theta, const 
 
 at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& packedPositions) {
+  return slidingWindowAttention(q, k, v, packedPositions, 0);
+}
+
+at::Tensor slidingWindowAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& packedPositions, int64_t window) {
   int64_t h = q.size(2), kv = k.size(2), s = q.size(1), d = q.size(3);
   LT_ASSERT(h % kv == 0);
   auto kk = kv == h ? k : k.repeat_interleave(h / kv, 2);
@@ -78,6 +84,7 @@ at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
   auto qt = q.transpose(1, 2), kt = kk.transpose(1, 2), vt = vv.transpose(1, 2);  // [B, H, S, Dh]
   auto scores = at::matmul(qt, kt.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
   auto mask = at::ones({s, s}, q.options().dtype(at::kBool)).triu(1);
+  if (window > 0) mask = mask | at::ones({s, s}, mask.options()).tril(-window);  // keys i - W and before
   if (packedPositions.defined()) {  // also mask keys before the query's document start
     auto start = documentStartFromPositions(packedPositions).unsqueeze(-1);  // [B, S, 1]
     auto cols = at::arange(s, start.options()).view({1, 1, s});
@@ -99,52 +106,60 @@ bool attentionInBf16(const ModelConfig& c) {
 }
 
 AttentionFn attentionCore(const ModelConfig& cfg) {
-  const int64_t tile = cfg.attentionChunk;
-  if (cfg.attention == "naive") return [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                           const at::Tensor& pos) { return causalAttention(q, k, v, pos); };
+  const int64_t tile = cfg.attentionChunk, window = cfg.slidingWindow;
+  if (cfg.attention == "naive")
+    return [window](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pos) {
+      return slidingWindowAttention(q, k, v, pos, window);
+    };
   if (cfg.attention == "chunked")
-    return [chunk = tile > 0 ? tile : 256](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                           const at::Tensor& pos) { return chunkedAttention(q, k, v, chunk, pos); };
+    return [chunk = tile > 0 ? tile : 256, window](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                   const at::Tensor& pos) {
+      return chunkedAttention(q, k, v, chunk, pos, window);
+    };
   LT_CHECK(cfg.attention == "fused", "model.attention=\"", cfg.attention,
            "\" is not one of \"fused\", \"chunked\", \"naive\"");
   FusedAttentionOptions o;
   o.tile = tile;
   o.bf16 = attentionInBf16(cfg);
-  return [o](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pos) {
-    if (!pos.defined()) return fusedAttention(q, k, v, o);
-    FusedAttentionOptions withDocuments = o;
-    withDocuments.documentStart = documentStartFromPositions(pos);
-    return fusedAttention(q, k, v, withDocuments);
+  return [o, window](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pos) {
+    if (!pos.defined() && window == 0) return fusedAttention(q, k, v, o);
+    FusedAttentionOptions masked = o;
+    masked.documentStart = firstVisibleKey(pos, q.size(0), q.size(1), window);
+    return fusedAttention(q, k, v, masked);
   };
 }
 
 Model::Model(const ModelConfig& cfg, uint64_t seed, bool initialize) : cfg_(cfg) {
-  LT_CHECK(cfg.hidden % cfg.heads == 0, "model.hidden_size=", cfg.hidden, " must be divisible by model.num_heads=",
-           cfg.heads);
+  LT_CHECK(cfg.headDimension > 0 || cfg.hidden % cfg.heads == 0, "model.hidden_size=", cfg.hidden,
+           " must be divisible by model.num_heads=", cfg.heads, " (or give model.head_dim)");
   LT_CHECK(cfg.heads % cfg.kvHeads == 0, "model.num_heads=", cfg.heads, " must be divisible by model.num_kv_heads=",
            cfg.kvHeads);
-  LT_CHECK(cfg.headDim() % 2 == 0, "head dim hidden_size/num_heads=", cfg.headDim(), " must be even for RoPE");
+  LT_CHECK(cfg.headDim() % 2 == 0, "head dim ", cfg.headDim(), " must be even for RoPE");
   int64_t index = 0;
   auto normal = [&](std::vector<int64_t> shape, double std) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ull + static_cast<uint64_t>(index++));
     if (!initialize) return at::empty(shape, at::kFloat).set_requires_grad(true);
     return at::normal(0.0, std, shape, gen).set_requires_grad(true);
   };
-  auto ones = [&](int64_t n) {
+  auto constant = [&](int64_t n, double value) {  // norms 1, biases 0 (as Hugging Face inits them)
     ++index;
     if (!initialize) return at::empty({n}, at::kFloat).set_requires_grad(true);
-    return at::ones({n}, at::kFloat).set_requires_grad(true);
+    return at::full({n}, value, at::kFloat).set_requires_grad(true);
   };
-  const int64_t d = cfg.hidden, kvDim = cfg.kvHeads * cfg.headDim(), f = cfg.intermediate;
+  auto ones = [&](int64_t n) { return constant(n, 1.0); };
+  const int64_t d = cfg.hidden, qDim = cfg.qDim(), kvDim = cfg.kvHeads * cfg.headDim(), f = cfg.intermediate;
   const double std = cfg.initStd, outStd = cfg.initStd / std::sqrt(2.0 * static_cast<double>(cfg.layers));
   embed_ = normal({cfg.vocabSize, d}, std);
   for (int64_t b = 0; b < cfg.layers; ++b) {
     Block k;
     k.attnNorm = ones(d);
-    k.wq = normal({d, d}, std);
+    k.wq = normal({qDim, d}, std);
     k.wk = normal({kvDim, d}, std);
     k.wv = normal({kvDim, d}, std);
-    k.wo = normal({d, d}, outStd);
+    if (cfg.qkvBias()) k.bq = constant(qDim, 0), k.bk = constant(kvDim, 0), k.bv = constant(kvDim, 0);
+    k.wo = normal({d, qDim}, outStd);
+    if (cfg.oBias()) k.bo = constant(d, 0);
+    if (cfg.qkNorm) k.qNorm = ones(cfg.headDim()), k.kNorm = ones(cfg.headDim());
     k.mlpNorm = ones(d);
     k.wGate = normal({f, d}, std);
     k.wUp = normal({f, d}, std);
@@ -157,15 +172,23 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, bool initialize) : cfg_(cfg)
   for (int64_t b = 0; b < cfg.layers; ++b) {
     auto& k = blocks_[b];
     std::string p = "model.layers." + std::to_string(b) + ".";
-    groups_.push_back({{p + "input_layernorm.weight", k.attnNorm},
-                       {p + "self_attn.q_proj.weight", k.wq},
-                       {p + "self_attn.k_proj.weight", k.wk},
-                       {p + "self_attn.v_proj.weight", k.wv},
-                       {p + "self_attn.o_proj.weight", k.wo},
-                       {p + "post_attention_layernorm.weight", k.mlpNorm},
-                       {p + "mlp.gate_proj.weight", k.wGate},
-                       {p + "mlp.up_proj.weight", k.wUp},
-                       {p + "mlp.down_proj.weight", k.wDown}});
+    std::vector<NamedParam> g{{p + "input_layernorm.weight", k.attnNorm},
+                              {p + "self_attn.q_proj.weight", k.wq},
+                              {p + "self_attn.k_proj.weight", k.wk},
+                              {p + "self_attn.v_proj.weight", k.wv},
+                              {p + "self_attn.q_proj.bias", k.bq},
+                              {p + "self_attn.k_proj.bias", k.bk},
+                              {p + "self_attn.v_proj.bias", k.bv},
+                              {p + "self_attn.o_proj.weight", k.wo},
+                              {p + "self_attn.o_proj.bias", k.bo},
+                              {p + "self_attn.q_norm.weight", k.qNorm},
+                              {p + "self_attn.k_norm.weight", k.kNorm},
+                              {p + "post_attention_layernorm.weight", k.mlpNorm},
+                              {p + "mlp.gate_proj.weight", k.wGate},
+                              {p + "mlp.up_proj.weight", k.wUp},
+                              {p + "mlp.down_proj.weight", k.wDown}};
+    g.erase(std::remove_if(g.begin(), g.end(), [](const NamedParam& n) { return !n.tensor.defined(); }), g.end());
+    groups_.push_back(std::move(g));
   }
   std::vector<NamedParam> head{{"model.norm.weight", finalNorm_}};
   if (lmHead_.defined()) head.push_back({"lm_head.weight", lmHead_});
@@ -196,27 +219,45 @@ void Model::embedBackward(const at::Tensor& ids, const at::Tensor& gradOut) cons
   else acc = g;
 }
 
+Model::Qkv Model::projectQkv(const Block& k, const at::Tensor& h, bool oneGemm) const {
+  const int64_t B = h.size(0), S = h.size(1), H = cfg_.heads, KV = cfg_.kvHeads, Dh = cfg_.headDim();
+  const GemmRoute gemm = gemmRoute(cfg_);
+  Qkv r;
+  if (oneGemm) {  // one GEMM against [wq; wk; wv], then views of its columns
+    const int64_t qDim = cfg_.qDim(), kvDim = KV * Dh;
+    auto qkv = linear(h, at::cat({k.wq, k.wk, k.wv}), gemm);
+    if (k.bq.defined()) qkv = qkv + at::cat({k.bq, k.bk, k.bv});
+    r.q = qkv.narrow(-1, 0, qDim).reshape({B, S, H, Dh});
+    r.k = qkv.narrow(-1, qDim, kvDim).reshape({B, S, KV, Dh});
+    r.v = qkv.narrow(-1, qDim + kvDim, kvDim).reshape({B, S, KV, Dh});
+  } else {
+    auto project = [&](const at::Tensor& w, const at::Tensor& bias) {
+      auto y = linear(h, w, gemm);
+      return bias.defined() ? y + bias : y;
+    };
+    r.q = project(k.wq, k.bq).view({B, S, H, Dh});
+    r.k = project(k.wk, k.bk).view({B, S, KV, Dh});
+    r.v = project(k.wv, k.bv).view({B, S, KV, Dh});
+  }
+  if (k.qNorm.defined()) {  // Qwen3: over each head's Dh values, before RoPE
+    r.q = norm(r.q, k.qNorm);
+    r.k = norm(r.k, k.kNorm);
+  }
+  return r;
+}
+
+at::Tensor Model::outputProjection(const Block& k, const at::Tensor& a) const {
+  auto y = linear(a, k.wo, gemmRoute(cfg_));
+  return k.bo.defined() ? y + k.bo : y;
+}
+
 at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const AttentionFn& attn) const {
   const auto& k = blocks_[b];
-  const int64_t B = x.size(0), S = x.size(1), H = cfg_.heads, KV = cfg_.kvHeads, Dh = cfg_.headDim();
+  const int64_t B = x.size(0), S = x.size(1), H = cfg_.heads, Dh = cfg_.headDim();
   const bool fused = cfg_.fusedKernels;
   const GemmRoute gemm = gemmRoute(cfg_);
-  auto norm = [&](const at::Tensor& t, const at::Tensor& w) {
-    return fused ? fusedRmsNorm(t, w, cfg_.normEps) : rmsNorm(t, w, cfg_.normEps);
-  };
   auto h = norm(x, k.attnNorm);
-  at::Tensor q, kk, v;
-  if (fused) {  // one GEMM against [wq; wk; wv], then views of its columns
-    const int64_t D = cfg_.hidden, kvDim = KV * Dh;
-    auto qkv = linear(h, at::cat({k.wq, k.wk, k.wv}), gemm);
-    q = qkv.narrow(-1, 0, D).reshape({B, S, H, Dh});
-    kk = qkv.narrow(-1, D, kvDim).reshape({B, S, KV, Dh});
-    v = qkv.narrow(-1, D + kvDim, kvDim).reshape({B, S, KV, Dh});
-  } else {
-    q = linear(h, k.wq, gemm).view({B, S, H, Dh});
-    kk = linear(h, k.wk, gemm).view({B, S, KV, Dh});
-    v = linear(h, k.wv, gemm).view({B, S, KV, Dh});
-  }
+  auto [q, kk, v] = projectQkv(k, h, fused);
   if (fused) {
     auto [cos, sin] = ropeTableFor(pos);
     q = fusedRope(q, {cos, sin});    // [B, S, H, Dh]
@@ -226,7 +267,7 @@ at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const
     kk = rope(kk, pos, cfg_.ropeTheta, cfg_.ropeScaling);
   }
   auto a = attn(q, kk, v, cfg_.packedDocuments ? pos : at::Tensor()).reshape({B, S, H * Dh});
-  auto x1 = x + linear(a, k.wo, gemm);
+  auto x1 = x + outputProjection(k, a);
   auto m = norm(x1, k.mlpNorm);
   // DeepSpeed's default shard count; every SP rank holds S/P tokens, so all agree on it.
   const int64_t shards = cfg_.tiledMlp ? std::max<int64_t>(1, (S + cfg_.hidden - 1) / cfg_.hidden) : 1;
@@ -320,26 +361,30 @@ at::Tensor Model::norm(const at::Tensor& x, const at::Tensor& w) const {
 }
 
 // block() for new tokens at positions `pos` attending to the cache (plain softmax: decoding
-// steps are one query long, and a prompt's [T, T] scores are small next to training's).
+// steps are one query long, and a prompt's [T, T] scores are small next to training's). With a
+// sliding window only the cache's last W - 1 entries and the new tokens are read (keys from `lo`).
 at::Tensor Model::decodeBlock(int b, const at::Tensor& x, const at::Tensor& pos, KvCache& cache) const {
   const auto& k = blocks_[b];
   const int64_t B = x.size(0), T = x.size(1), H = cfg_.heads, KV = cfg_.kvHeads, Dh = cfg_.headDim();
   const int64_t past = cache.length, total = past + T;
   auto h = norm(x, k.attnNorm);
-  auto q = rope(linear(h, k.wq, gemmRoute(cfg_)).view({B, T, H, Dh}), pos, cfg_.ropeTheta, cfg_.ropeScaling);
-  cache.k[b].narrow(1, past, T).copy_(
-      rope(linear(h, k.wk, gemmRoute(cfg_)).view({B, T, KV, Dh}), pos, cfg_.ropeTheta, cfg_.ropeScaling));
-  cache.v[b].narrow(1, past, T).copy_(linear(h, k.wv, gemmRoute(cfg_)).view({B, T, KV, Dh}));
-  auto keys = cache.k[b].narrow(1, 0, total), values = cache.v[b].narrow(1, 0, total);
+  auto p = projectQkv(k, h, /*oneGemm=*/false);
+  auto q = rope(p.q, pos, cfg_.ropeTheta, cfg_.ropeScaling);
+  cache.k[b].narrow(1, past, T).copy_(rope(p.k, pos, cfg_.ropeTheta, cfg_.ropeScaling));
+  cache.v[b].narrow(1, past, T).copy_(p.v);
+  const int64_t lo = cfg_.slidingWindow > 0 ? std::max<int64_t>(0, past - (cfg_.slidingWindow - 1)) : 0;
+  auto keys = cache.k[b].narrow(1, lo, total - lo), values = cache.v[b].narrow(1, lo, total - lo);
   if (KV != H) {
     keys = keys.repeat_interleave(H / KV, 2);
     values = values.repeat_interleave(H / KV, 2);
   }
   auto scores = at::matmul(q.transpose(1, 2), keys.transpose(1, 2).transpose(-2, -1)) / std::sqrt(double(Dh));
-  auto rows = at::arange(past, total, at::kLong).unsqueeze(1), cols = at::arange(total, at::kLong).unsqueeze(0);
-  scores = scores.masked_fill(cols > rows, -std::numeric_limits<float>::infinity());  // [B, H, T, total]
+  auto rows = at::arange(past, total, at::kLong).unsqueeze(1), cols = at::arange(lo, total, at::kLong).unsqueeze(0);
+  auto hidden = cols > rows;
+  if (cfg_.slidingWindow > 0) hidden = hidden | (cols <= rows - cfg_.slidingWindow);
+  scores = scores.masked_fill(hidden, -std::numeric_limits<float>::infinity());  // [B, H, T, total - lo]
   auto a = at::matmul(at::softmax(scores, -1), values.transpose(1, 2)).transpose(1, 2).reshape({B, T, H * Dh});
-  auto x1 = x + linear(a, k.wo, gemmRoute(cfg_));
+  auto x1 = x + outputProjection(k, a);
   return x1 + tiledMlp(norm(x1, k.mlpNorm), k.wGate, k.wUp, k.wDown, 1, {cfg_.fusedKernels, gemmRoute(cfg_)});
 }
 

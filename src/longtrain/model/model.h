@@ -1,10 +1,13 @@
 // Llama-style decoder on raw ATen tensors (autograd records every op; no torch::nn):
 // embedding, RMSNorm, RoPE from position_ids, grouped-query causal attention, SwiGLU MLP,
-// final norm, LM head (optionally tied). Parameters are grouped per block, plus a "head"
+// final norm, LM head (optionally tied). The Qwen2/Qwen3/Mistral variants add, per the config,
+// q/k/v(/o) biases, per-head q/k RMSNorm before RoPE and a sliding window (in the attention
+// core). Parameters are grouped per block, plus a "head"
 // group (final norm, LM head) and an "embed" group (the embedding; with tied embeddings also
 // the LM head): the units of gather/reduce/offload. The LM head's gradient is final right
 // after the loss, the embedding's only at the very end of backward, hence two groups.
-// Init is deterministic from the seed, per parameter, identical on every rank.
+// Init is deterministic from the seed, per parameter, identical on every rank; the variants'
+// extra parameters take indices only when present, so a Llama's init is what it always was.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -42,13 +45,18 @@ GemmRoute gemmRoute(const ModelConfig& c);
 // route with bf16.attention, on a CPU with AVX512_BF16 (elsewhere attention stays fp32 under bf16).
 bool attentionInBf16(const ModelConfig& c);
 
-// The attention core cfg.attention names, with its tile (cfg.attentionChunk).
+// The attention core cfg.attention names, with its tile (cfg.attentionChunk) and the sliding
+// window (cfg.slidingWindow, by sequence index: the core sees the whole sequence).
 AttentionFn attentionCore(const ModelConfig& cfg);
 
 // Plain causal attention with GQA (KV heads repeated to H). Materializes [B, H, S, S]. With
 // packedPositions, block-diagonal causal over the documents they mark.
 at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& packedPositions = {});
+// The same with Mistral's sliding window W > 0: query i sees only keys j > i - W (written as its
+// own mask here, the reference the other cores' first-visible-key form is tested against).
+at::Tensor slidingWindowAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& packedPositions, int64_t window);
 
 at::Tensor rmsNorm(const at::Tensor& x, const at::Tensor& w, double eps);
 // x [B, S, H, Dh], pos [B, S]: rotary embedding with the half-split layout (Hugging Face Llama).
@@ -114,7 +122,14 @@ class Model {
  private:
   struct Block {
     at::Tensor attnNorm, wq, wk, wv, wo, mlpNorm, wGate, wUp, wDown;
+    at::Tensor bq, bk, bv, bo, qNorm, kNorm;  // undefined unless the config has them
   };
+  struct Qkv {
+    at::Tensor q, k, v;  // [B, S, heads, Dh], biased and (q, k) normed, not yet rotated
+  };
+  // oneGemm: one GEMM against [wq; wk; wv] and views of its columns (the fused kernels' path).
+  Qkv projectQkv(const Block& k, const at::Tensor& h, bool oneGemm) const;
+  at::Tensor outputProjection(const Block& k, const at::Tensor& a) const;
   // RoPE's cos/sin for the positions last seen: every block of a step shares one table.
   // Keyed by the positions' values (a freed tensor's address can come back with new ones).
   struct RopeCache {

@@ -123,11 +123,19 @@ struct Phase {
 // The attention half: what autograd saves for it (`saved`) and what its backward adds (`work`).
 void attentionCost(const config::Config& c, const Dims& d, Bytes& savedAttn, Bytes& attnWork) {
   const double uD = d.B * d.s * d.D * kF, uKV = d.B * d.s * d.KV * d.Dh * kF;
+  // q, the attention's output and their gradients: [B, S/P, H x Dh], uD unless head_dim is given
+  const double uQ = d.B * d.s * d.H * d.Dh * kF;
   const double hP = d.H / d.P;
   const bool fusedOps = c.model.fusedKernels;
   savedAttn.add(fusedOps ? 5 : 6, uD);
   savedAttn.add(fusedOps && c.model.attention == "fused" ? 4 : 3, uKV);
-  if (fusedOps) savedAttn.add(1, d.D * (d.D + 2 * d.KV * d.Dh) * kF);
+  if (fusedOps) savedAttn.add(1, d.D * (d.H * d.Dh + 2 * d.KV * d.Dh) * kF);
+  // Qwen3's q/k norms save their inputs (contiguous copies of the q and k columns); the ATen
+  // composition saves about twice that. Biases are added in place of the GEMM's output: nothing.
+  if (c.model.qkNorm) {
+    savedAttn.add(fusedOps ? 1 : 2, uQ);
+    savedAttn.add(fusedOps ? 1 : 2, uKV);
+  }
   if (d.ring) {
     // RingFn (sp/ring_attention.cpp) is the core. Per rank it holds U s query tokens of H/U
     // heads (uD bytes) and U s tokens of max(KV/U, 1) kv heads (uKVr). It saves q grouped under
@@ -137,15 +145,15 @@ void attentionCost(const config::Config& c, const Dims& d, Bytes& savedAttn, Byt
     // dO, dq (2 uD) and per tile the scores, p, dp, ds and a mask (5 [B, KV, c, c]).
     const double ch = static_cast<double>(c.model.attentionChunk > 0 ? c.model.attentionChunk : 256);
     const double uKVr = d.B * d.U * d.s * std::max(d.KV / d.U, 1.0) * d.Dh * kF;
-    savedAttn.add(2, uD);
+    savedAttn.add(2, uQ);
     savedAttn.add(2, uKVr);
     savedAttn.add(1, d.B * d.H / d.U * d.U * d.s * kF);
     if (d.U > 1) {
-      savedAttn.add(1, uD);
+      savedAttn.add(1, uQ);
       savedAttn.add(2, uKVr);
     }
     attnWork.add(6 * d.R, uKVr);
-    attnWork.add(2, uD);
+    attnWork.add(2, uQ);
     attnWork.add(5, d.B * std::max(d.KV / d.U, 1.0) * ch * ch * kF);
   } else if (c.model.attention == "fused") {
     // FusedAttentionFn saves its inputs and output and the log-sum-exp ([B, H/P, S]). On one
@@ -156,32 +164,32 @@ void attentionCost(const config::Config& c, const Dims& d, Bytes& savedAttn, Byt
     savedAttn.add(1, d.B * hP * d.S * kF);
     const double uKVh = d.B * d.S * std::max(d.KV / d.P, 1.0) * d.Dh * kF;
     if (d.P > 1) {
-      savedAttn.add(2, uD);
+      savedAttn.add(2, uQ);
       savedAttn.add(2, uKVh);
     }
-    attnWork.add(1, uD);
+    attnWork.add(1, uQ);
     attnWork.add(4, d.P > 1 ? uKVh : uKV);
   } else if (c.model.attention == "chunked") {
     const double ch = std::min<double>(static_cast<double>(c.model.attentionChunk > 0 ? c.model.attentionChunk : 256), d.S);
     // ChunkedFn saves contiguous q, k, v ([B, H/P, S, Dh], KV expanded) and its output (4 uD)
     // and the log-sum-exp ([B, H/P, S]). Backward: dO made contiguous, dq, dk, dv (4 uD), and
     // per tile the scores, p, dp, ds and a temporary (5 uC).
-    savedAttn.add(4, uD);
+    savedAttn.add(4, uQ);
     savedAttn.add(1, d.B * hP * d.S * kF);
-    attnWork.add(4, uD);
+    attnWork.add(4, uQ);
     attnWork.add(5, d.B * hP * ch * ch * kF);
   } else {
     const double uA = d.B * hP * d.S * d.S * kF;
     // causalAttention: matmul copies q and k^T into contiguous operands (saved by bmm: 2 uD),
     // softmax saves p (uA), p @ v saves its copy of v (uD); the causal mask [S, S] (bytes).
     // Backward at softmax: p, dP and dS coexist (+2 uA); dq, dk, dv (3 uD).
-    savedAttn.add(3, uD);
+    savedAttn.add(3, uQ);
     savedAttn.add(1, uA);
     savedAttn.add(1, d.S * d.S);
     attnWork.add(2, uA);
-    attnWork.add(3, uD);
+    attnWork.add(3, uQ);
   }
-  if (d.U > 1) attnWork.add(3, uD);  // all-to-all backward: contiguous gradient, send, receive
+  if (d.U > 1) attnWork.add(3, uQ);  // all-to-all backward: contiguous gradient, send, receive
 }
 
 // The MLP half, likewise.

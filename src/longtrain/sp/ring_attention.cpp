@@ -261,14 +261,14 @@ at::Tensor ringAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses, std::shared_ptr<comm::Comm> ring,
                                              const ParallelLayout& layout, int spRank, model::AttentionFn core,
-                                             int64_t chunk, double* computeSeconds) {
+                                             int64_t chunk, double* computeSeconds, int64_t window) {
   LT_ASSERT((layout.U == 1) == (!ulysses || ulysses->size() == 1) && (layout.R == 1) == (!ring || ring->size() == 1));
   LT_ASSERT(layout.spRankOf(ring ? ring->rank() : 0, ulysses ? ulysses->rank() : 0) == spRank);
   if (layout.ulyssesOnly()) return ulyssesAttention(ulysses, core);
   if (layout.U == 1) ulysses = nullptr;
   if (layout.R == 1) ring = nullptr;
-  return [ulysses, ring, layout, chunk, computeSeconds](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                        const at::Tensor& pos) {
+  return [ulysses, ring, layout, chunk, computeSeconds, window](const at::Tensor& q, const at::Tensor& k,
+                                                                const at::Tensor& v, const at::Tensor& pos) {
     const int64_t n = q.size(1), U = layout.U;
     const int ringRank = ring ? ring->rank() : 0;
     at::Tensor qq = q, kk = k, vv = v, groupPos = pos;
@@ -294,6 +294,10 @@ model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses
     for (int t = 0; t < layout.R; ++t) keys.push_back(groupTokens(t));
     in.keyIndex = at::cat(keys);
     if (pos.defined()) in.documentStart = in.queryIndex.unsqueeze(0) - groupPos.to(at::kLong);
+    if (window > 0) {  // nothing W or more tokens back, by global index
+      auto inWindow = (in.queryIndex.unsqueeze(0) - (window - 1)).clamp_min(0);
+      in.documentStart = pos.defined() ? at::maximum(in.documentStart, inWindow) : inWindow.expand({q.size(0), -1});
+    }
     in.ring = ring.get();
     in.chunk = chunk > 0 ? chunk : 256;
     in.computeSeconds = computeSeconds;

@@ -11,7 +11,8 @@
 // is transient: forward saves only the local shards and backward gathers them again, so the
 // saved activations stay O(S / P).
 // Masks are by global token index (a key is seen iff documentStart <= key <= query), so any
-// placement of tokens (zigzag, padding) and packed documents are exact.
+// placement of tokens (zigzag, padding), packed documents and a sliding window (a later
+// documentStart: query - W + 1) are exact.
 #pragma once
 #include <memory>
 
@@ -40,9 +41,11 @@ at::Tensor ringAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 // The attention function for SP under `layout`: Ulysses all-to-alls over the `ulysses` group
 // (U ranks; null when U = 1), ring attention over the `ring` group (R ranks; null when R = 1).
 // With layout.ulyssesOnly() it is ulyssesAttention(ulysses, core), unchanged.
-// `spRank` is this rank's rank in the SP group; `chunk` the ring kernel's block edge (0: 256).
+// `spRank` is this rank's rank in the SP group; `chunk` the ring kernel's block edge (0: 256);
+// `window` the sliding window (0: none; Ulysses-only layouts leave it to `core`).
 model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses, std::shared_ptr<comm::Comm> ring,
                                              const ParallelLayout& layout, int spRank, model::AttentionFn core,
-                                             int64_t chunk = 0, double* computeSeconds = nullptr);
+                                             int64_t chunk = 0, double* computeSeconds = nullptr,
+                                             int64_t window = 0);
 
 }  // namespace lt::sp

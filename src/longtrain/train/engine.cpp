@@ -251,7 +251,8 @@ void Engine::buildExecutor() {
   model::AttentionFn core = model::attentionCore(cfg_.model);
   model::AttentionFn attn = groups_.sp->size() > 1
                                 ? sp::sequenceParallelAttention(groups_.spUlysses, groups_.spRing, cfg_.layout,
-                                                                groups_.sp->rank(), core, cfg_.model.attentionChunk)
+                                                                groups_.sp->rank(), core, cfg_.model.attentionChunk,
+                                                                nullptr, cfg_.model.slidingWindow)
                                 : core;
   exec_ = std::make_unique<compile::Executor>(*model_, attn, std::move(hooks), offload_.get());
 }

@@ -16,7 +16,11 @@ double modelFlopsPerToken(const model::ModelConfig& m, int64_t seqLen) {
   const double table = static_cast<double>(m.vocabSize) * static_cast<double>(m.hidden);
   // numParams counts the table once, and an untied head separately; a tied head reuses the table.
   const double matmulParams = static_cast<double>(m.numParams()) - table + (m.tieEmbeddings ? table : 0);
-  return 6 * matmulParams + 6 * static_cast<double>(m.layers) * static_cast<double>(seqLen) * static_cast<double>(m.hidden);
+  // Causal attention averages S / 2 keys per query, hence 6 L S qDim; a window W < S averages
+  // W - W^2 / 2S, so the same form with 2W - W^2 / S for S.
+  const double S = static_cast<double>(seqLen), W = static_cast<double>(m.slidingWindow);
+  const double context = m.slidingWindow > 0 && W < S ? 2 * W - W * W / S : S;
+  return 6 * matmulParams + 6 * static_cast<double>(m.layers) * context * static_cast<double>(m.qDim());
 }
 
 double measureGemmPeakFlops(model::GemmRoute route) {

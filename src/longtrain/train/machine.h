@@ -12,8 +12,10 @@ namespace lt::train {
 
 // Model FLOPs per trained token (forward + backward, recompute not counted):
 //   6 x (parameters - embedding table + LM head)   the matmuls (the embedding is a lookup)
-// + 6 x layers x seq_len x hidden                   causal attention: QK^T and PV, 2 FLOPs a
+// + 6 x layers x seq_len x heads x head_dim         causal attention: QK^T and PV, 2 FLOPs a
 //                                                   multiply-add, x3 for backward, halved by the mask
+//                                                   (a sliding window W < seq_len: 2W - W^2/seq_len
+//                                                   for seq_len, the keys it leaves)
 double modelFlopsPerToken(const model::ModelConfig& m, int64_t seqLen);
 
 // Best-of-several GEMM rate (FLOP/s) at the current at::get_num_threads() by `route`: fp32
