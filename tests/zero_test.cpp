@@ -152,11 +152,15 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Zero3Equivalence, ::testing::Values(2, 4));
 
 TEST(Zero3, SequenceParallelTimesZero) {
   at::set_num_threads(1);
+  // Adam's eps at 1e-6, as in ZeroStages12: at 1e-8 the LM head's elements with gradients ~eps
+  // turned last-bit differences into 2.8e-4 of parameter scale after 5 steps (AMD EPYC Zen 2).
   json one = zeroConfig();
+  one["optimizer"]["params"]["eps"] = 1e-6;
   one["gradient_accumulation_steps"] = 2;
   one["zero_optimization"]["stage"] = 0;
   auto ref = run(one, 1, 1, 5);
   json j = withSuperOffload(zeroConfig());  // SP 2 x DP 2, ZeRO over all 4
+  j["optimizer"]["params"]["eps"] = 1e-6;
   j["sequence_parallel_size"] = 2;
   auto got = run(j, 4, 2, 5);
   double w = worst(got, ref);
@@ -290,8 +294,10 @@ TEST_P(ZeroStages12, EqualStageZeroOnOneRank) {
         for (const auto& p : e.model().parameters()) replicas[r].push_back(p.detach().clone());
         if (r == 0) losses = ls;
       });
+      // Parameters after Adam steps: the table's row for them (1.3e-5 measured at world 4 on an
+      // AMD EPYC Zen 2, AVX2, OpenBLAS Zen; the losses agree to ~1e-8).
       const double vsOne = worst(full[0], refParams);
-      EXPECT_LE(vsOne, Tol::kDataParallel) << "stage " << stage << " world " << n << " super_offload " << so;
+      EXPECT_LE(vsOne, Tol::kAfterAdamSteps) << "stage " << stage << " world " << n << " super_offload " << so;
       for (int r = 0; r < n; ++r) EXPECT_TRUE(bitEqual(replicas[r], full[0])) << "rank " << r << " stage " << stage;
       double lossErr = 0;
       for (int s = 0; s < steps; ++s)
