@@ -149,3 +149,33 @@ TEST(LongEval, HeatmapHasACellPerValue) {
 }
 
 }  // namespace
+
+namespace {
+
+// `eval --nproc 2`: the windows split over two SP ranks (Ulysses 2) give the one-process figures,
+// at a length SP divides, at one it pads, and with packed documents.
+TEST(LongEvalCli, TwoSequenceParallelRanksEqualOneProcess) {
+  const auto dir = lt::testing::freshTempDir("longtrain_long_eval_sp");
+  const fs::path file = writeTokens(dir / "t.bin", 4 * 13, 40, /*eos=*/3);
+  const std::string base = std::string(LONGTRAIN_BIN) + " eval " + fixture("gqa_untied").string() + " --data " +
+                           file.string() + " --dtype uint16 --json";
+  for (const std::string extra : {" --seq-len 12", " --seq-len 13", " --seq-len 13 --packing documents --eos-id 3"}) {
+    auto one = lt::testing::runCommand(base + extra);
+    auto two = lt::testing::runCommand(base + extra + " --nproc 2");
+    ASSERT_EQ(one.code, 0) << one.out;
+    ASSERT_EQ(two.code, 0) << two.out;
+    const json a = json::parse(one.out.substr(one.out.rfind("\n{") + 1));
+    const json b = json::parse(two.out.substr(two.out.rfind("\n{") + 1));
+    EXPECT_EQ(a["tokens"], b["tokens"]) << extra;
+    EXPECT_NEAR(a["loss"].get<double>(), b["loss"].get<double>(), lt::testing::Tol::kSequenceParallel) << extra;
+    ASSERT_EQ(a["loss_by_position"].size(), b["loss_by_position"].size()) << extra;
+    for (size_t i = 0; i < a["loss_by_position"].size(); ++i)
+      EXPECT_NEAR(a["loss_by_position"][i][2].get<double>(), b["loss_by_position"][i][2].get<double>(),
+                  lt::testing::Tol::kSequenceParallel) << extra << " bucket " << i;
+  }
+  auto r = lt::testing::runCommand(base + " --seq-len 12 --nproc 2 --needle");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--needle runs in one process"), std::string::npos) << r.out;
+}
+
+}  // namespace

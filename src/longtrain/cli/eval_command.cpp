@@ -6,13 +6,16 @@
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <optional>
 #include <sstream>
 #include <thread>
 
 #include "longtrain/ckpt/hf_llama.h"
+#include "longtrain/comm/launch.h"
 #include "longtrain/config/token_sidecar.h"
 #include "longtrain/core/check.h"
 #include "longtrain/report/heatmap.h"
@@ -98,6 +101,20 @@ void writeGrid(const std::vector<train::NeedleCell>& cells, const train::NeedleO
   report::writeHeatmap(h, f.out);
 }
 
+constexpr std::chrono::milliseconds kRankTimeout{120000};
+
+// This rank's SP group: every rank of the job, split Ulysses x ring as training would split it.
+train::SequenceParallel rankGroups(const model::ModelConfig& m) {
+  const comm::EnvRendezvous rv = comm::rendezvousFromEnv(kRankTimeout);
+  train::SequenceParallel sp;
+  sp.layout = config::ParallelLayout::make(rv.size, rv.size, m.heads, m.kvHeads, 0, "auto");
+  comm::Options co;
+  co.timeout = kRankTimeout;
+  sp.groups = comm::makeGroups(rv.store, rv.rank, rv.size, rv.size, co, rv.heartbeatStore, sp.layout.R);
+  at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, rv.localSize)));
+  return sp;
+}
+
 }  // namespace
 
 CLI::App* addEvalCommand(CLI::App& app, EvalFlags& f) {
@@ -107,6 +124,9 @@ CLI::App* addEvalCommand(CLI::App& app, EvalFlags& f) {
   ev->add_option("--data", f.data, "a token file (longtrain tokenize's): mean next-token loss over its windows and "
                                    "the loss by position");
   ev->add_option("--seq-len", f.seqLen, "window length in tokens, with --data")->check(CLI::Range(int64_t(2), int64_t(1) << 30));
+  ev->add_option("--nproc", f.nproc, "with --data: evaluate on this many sequence-parallel ranks (processes), each "
+                                    "holding 1/N of every window's activations")
+      ->check(CLI::Range(1, 1024));
   ev->add_option("--windows", f.windows, "evaluate at most this many windows (default: all)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   ev->add_option("--dtype", f.dtype, "the token file's dtype (default: its sidecar's)")
@@ -130,17 +150,30 @@ CLI::App* addEvalCommand(CLI::App& app, EvalFlags& f) {
   return ev;
 }
 
-int cmdEval(const EvalFlags& f) {
+int cmdEval(const EvalFlags& f, int argc, char** argv) {
   LT_CHECK(!f.data.empty() || f.needle, "eval needs --data F.bin --seq-len S, or --needle (or both)");
+  LT_CHECK(f.nproc == 1 || !f.needle, "eval --needle runs in one process; run it without --nproc (--data may use it)");
+  const bool inRank = std::getenv("WORLD_SIZE") != nullptr;
+  if (f.nproc > 1 && !inRank) {
+    (void)ckpt::loadInferenceModel(f.model);  // a bad model or file fails here once, not once per rank
+    (void)positionOptions(f);
+    comm::LaunchOptions lo;
+    lo.nprocPerNode = f.nproc;
+    lo.grace = kRankTimeout;
+    return comm::launch(std::vector<std::string>(argv, argv + argc), lo);
+  }
   LT_CHECK(f.data.empty() || f.seqLen > 0, "eval --data needs --seq-len (the window length in tokens)");
   LT_CHECK(f.needle || (f.lengths.empty() && f.depths.empty() && f.out.empty()), "--lengths, --depths and --out ",
            "belong to --needle; add --needle");
   at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
   auto m = ckpt::loadInferenceModel(f.model);
+  std::optional<train::SequenceParallel> sp;
+  if (inRank) sp = rankGroups(m.model->config());
+  const bool rank0 = !sp || sp->groups.world->rank() == 0;
   nlohmann::json out = nlohmann::json::object();
   if (!f.data.empty()) {
-    const train::PositionLoss r = train::evaluatePositions(*m.model, positionOptions(f));
-    if (!f.json) printPositionLoss(r, f);
+    const train::PositionLoss r = train::evaluatePositions(*m.model, positionOptions(f), sp ? &*sp : nullptr);
+    if (!f.json && rank0) printPositionLoss(r, f);
     out["loss"] = r.loss();
     out["tokens"] = r.tokens;
     out["windows"] = r.windows;
@@ -167,7 +200,8 @@ int cmdEval(const EvalFlags& f) {
     out["needle"] = nlohmann::json::array();
     for (const auto& c : cells) out["needle"].push_back({c.length, c.depth, c.accuracy()});
   }
-  if (f.json) std::printf("%s\n", out.dump().c_str());
+  if (f.json && rank0) std::printf("%s\n", out.dump().c_str());
+  if (sp) sp->groups.world->barrier();  // nobody tears down its process group while a peer still needs it
   return 0;
 }
 

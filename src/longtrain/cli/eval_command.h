@@ -12,6 +12,7 @@ namespace lt::cli {
 struct EvalFlags {
   std::string model, data, dtype, packing = "none", tokenizer, out;
   int64_t seqLen = 0, windows = 0, eosId = -1;
+  int nproc = 1;  // --data on this many SP ranks (processes)
   bool json = false, needle = false;
   std::string lengths, depths;
   int trials = 4, digits = 5;
@@ -19,6 +20,7 @@ struct EvalFlags {
 };
 
 CLI::App* addEvalCommand(CLI::App& app, EvalFlags& f);
-int cmdEval(const EvalFlags& f);
+// argv: the command line, which --nproc re-runs in each rank.
+int cmdEval(const EvalFlags& f, int argc, char** argv);
 
 }  // namespace lt::cli

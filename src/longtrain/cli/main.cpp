@@ -765,7 +765,7 @@ int main(int argc, char** argv) {
     if (*plan) return cmdPlan(planFlags.config, planFlags.nproc, planFlags.sets, planFlags.maxSeq);
     if (*plot) return cmdPlot(plotFlags.files, plotFlags.labels, plotFlags.out, plotFlags.options);
     if (*tokenize) return cmdTokenize(tokenizeFlags);
-    if (*eval) return lt::cli::cmdEval(evalFlags);
+    if (*eval) return lt::cli::cmdEval(evalFlags, argc, argv);
     if (*config) {
       if (configPrint) return cmdConfig(configFlags.config, configFlags.nproc, configFlags.sets);
       const auto j = lt::config::loadConfigJson(configFlags.config, configFlags.sets);

@@ -12,6 +12,8 @@
 
 #include "longtrain/core/check.h"
 #include "longtrain/data/data.h"
+#include "longtrain/sp/layout.h"
+#include "longtrain/sp/ring_attention.h"
 
 namespace lt::train {
 
@@ -19,9 +21,11 @@ namespace {
 
 constexpr int64_t kLogitElementsPerTile = int64_t{16} << 20;  // logits formed at once: 64 MiB of fp32
 
-// The hidden states after the last block of ids [1, S] at positions pos [1, S].
-at::Tensor hidden(const model::Model& m, const at::Tensor& ids, const at::Tensor& pos, bool packed) {
-  const model::AttentionFn core = model::attentionCore(m.config());
+// The hidden states after the last block of ids [1, S] at positions pos [1, S] (a shard of the
+// sequence under SP, whose attention `sp` then is).
+at::Tensor hidden(const model::Model& m, const at::Tensor& ids, const at::Tensor& pos, bool packed,
+                  const model::AttentionFn& sp = {}) {
+  const model::AttentionFn core = sp ? sp : model::attentionCore(m.config());
   const model::AttentionFn attn = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor&) {
     return core(q, k, v, packed ? pos : at::Tensor());
   };
@@ -36,16 +40,27 @@ std::vector<PositionBucket> makeBuckets(int64_t seqLen) {
   return b;
 }
 
-// Adds the per-target losses of one window to `r`: targets at positions `targetPos`.
-void addWindow(const model::Model& m, const data::Sample& s, int64_t packEos, PositionLoss& r) {
+// One window as a batch of one: ids, labels, positions (0..S-1 unless packed) and shift labels.
+data::Batch windowBatch(const data::Sample& s) {
   const int64_t S = static_cast<int64_t>(s.ids.size());
-  at::Tensor ids = at::tensor(s.ids, at::kLong).view({1, S});
-  std::vector<int64_t> positions = s.positions;
-  if (positions.empty())
-    for (int64_t i = 0; i < S; ++i) positions.push_back(i);
-  at::Tensor pos = at::tensor(positions, at::kLong).view({1, S});
-  at::Tensor shift = data::shiftLabels(at::tensor(s.labels, at::kLong).view({1, S}));
-  at::Tensor h = hidden(m, ids, pos, packEos >= 0);
+  data::Batch b;
+  b.input_ids = at::tensor(s.ids, at::kLong).view({1, S});
+  b.labels = at::tensor(s.labels, at::kLong).view({1, S});
+  b.position_ids = s.positions.empty() ? at::arange(S, at::kLong).view({1, S}) : at::tensor(s.positions, at::kLong).view({1, S});
+  b.shift_labels = data::shiftLabels(b.labels);
+  return b;
+}
+
+// Adds the per-target losses of one window (or this rank's shard of it) to `r`; a target's
+// bucket is its own position, the position of the token predicting it plus one.
+void addWindow(const model::Model& m, const data::Batch& b, int64_t packEos, const model::AttentionFn& spAttn,
+               PositionLoss& r) {
+  const int64_t S = b.input_ids.size(1);
+  const at::Tensor pos = b.position_ids, shift = b.shift_labels;
+  const at::Tensor posFlat = pos[0].contiguous();
+  const int64_t* positionsData = posFlat.data_ptr<int64_t>();
+  const std::vector<int64_t> positions(positionsData, positionsData + S);
+  at::Tensor h = hidden(m, b.input_ids, pos, packEos >= 0, spAttn);
   const int64_t tile = std::max<int64_t>(1, kLogitElementsPerTile / m.config().vocabSize);
   for (int64_t t0 = 0; t0 < S; t0 += tile) {
     const int64_t T = std::min(tile, S - t0);
@@ -74,7 +89,23 @@ at::Tensor lastLogits(const model::Model& m, const std::vector<int64_t>& ids) {
   return m.logits(h.narrow(1, S - 1, 1))[0][0].to(at::kFloat);
 }
 
-PositionLoss evaluatePositions(const model::Model& m, const PositionLossOptions& o) {
+namespace {
+
+// Sums every rank's counts into every rank's result.
+void allReduce(PositionLoss& r, comm::Comm& world) {
+  std::vector<double> v{r.lossSum, static_cast<double>(r.tokens)};
+  for (const auto& b : r.buckets) v.push_back(b.lossSum), v.push_back(static_cast<double>(b.tokens));
+  at::Tensor t = at::tensor(v, at::kDouble);
+  world.allReduce(t).wait();
+  const double* s = t.data_ptr<double>();
+  r.lossSum = s[0], r.tokens = static_cast<int64_t>(s[1]);
+  for (size_t i = 0; i < r.buckets.size(); ++i)
+    r.buckets[i].lossSum = s[2 + 2 * i], r.buckets[i].tokens = static_cast<int64_t>(s[3 + 2 * i]);
+}
+
+}  // namespace
+
+PositionLoss evaluatePositions(const model::Model& m, const PositionLossOptions& o, const SequenceParallel* sp) {
   LT_CHECK(o.seqLen >= 2, "eval --seq-len ", o.seqLen, ": a window needs at least 2 tokens");
   data::TokenFileDataset file(o.path, o.bytesPerToken, o.seqLen, m.config().vocabSize, {o.packEos, 0, -1});
   LT_CHECK(file.size() > 0, "eval --data '", o.path, "' holds fewer than --seq-len ", o.seqLen,
@@ -82,6 +113,11 @@ PositionLoss evaluatePositions(const model::Model& m, const PositionLossOptions&
   const int64_t n = o.maxWindows > 0 ? std::min(o.maxWindows, file.size()) : file.size();
   PositionLoss r;
   r.buckets = makeBuckets(o.seqLen);
+  const bool split = sp && sp->groups.sp->size() > 1;
+  model::AttentionFn spAttn;
+  if (split)
+    spAttn = sp::sequenceParallelAttention(sp->groups.spUlysses, sp->groups.spRing, sp->layout, sp->groups.sp->rank(),
+                                           model::attentionCore(m.config()), m.config().attentionChunk);
   at::NoGradGuard ng;
   for (int64_t w = 0; w < n; ++w) {
     const data::Sample s = file.get(w);
@@ -89,9 +125,11 @@ PositionLoss evaluatePositions(const model::Model& m, const PositionLossOptions&
       LT_CHECK(id >= 0 && id < m.config().vocabSize, "eval --data '", o.path, "': token id ", id,
                " is outside the model's vocabulary (", m.config().vocabSize, "); was it written with this model's ",
                "tokenizer?");
-    addWindow(m, s, o.packEos, r);
+    const data::Batch whole = windowBatch(s);
+    addWindow(m, split ? sp::shardBatch(whole, sp->groups.sp->rank(), sp->layout) : whole, o.packEos, spAttn, r);
     ++r.windows;
   }
+  if (split) allReduce(r, *sp->groups.world);
   return r;
 }
 

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "longtrain/comm/comm.h"
+#include "longtrain/config/parallel_layout.h"
 #include "longtrain/data/tokenizer.h"
 #include "longtrain/model/model.h"
 
@@ -34,7 +36,14 @@ struct PositionLoss {
   double loss() const { return tokens ? lossSum / static_cast<double>(tokens) : 0; }
 };
 
-PositionLoss evaluatePositions(const model::Model& m, const PositionLossOptions& o);
+// On one process (`sp` null) or on the ranks of an SP group: each rank runs its shard of
+// every window (`layout`: Ulysses x ring, as training shards) and the sums are all-reduced,
+// so every rank returns the whole result.
+struct SequenceParallel {
+  comm::Groups groups;
+  config::ParallelLayout layout;
+};
+PositionLoss evaluatePositions(const model::Model& m, const PositionLossOptions& o, const SequenceParallel* sp = nullptr);
 
 struct NeedleOptions {
   std::vector<int64_t> lengths;  // prompt lengths in tokens
