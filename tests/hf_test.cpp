@@ -23,8 +23,6 @@ using lt::testing::errorOf;
 
 fs::path fixture(const std::string& name) { return lt::testing::hfFixture("hf_llama", name); }
 using lt::testing::initFromConfig;
-using Reference = lt::testing::HfReference;
-Reference readReference(const fs::path& dir) { return lt::testing::readHfReference(dir); }
 
 class HfOracle : public ::testing::TestWithParam<std::string> {};
 

@@ -75,9 +75,10 @@ void expectSame(const lt::train::PositionLoss& got, const lt::train::PositionLos
   for (size_t i = 0; i < got.buckets.size(); ++i) {
     EXPECT_EQ(got.buckets[i].start, want.buckets[i].start);
     EXPECT_EQ(got.buckets[i].tokens, want.buckets[i].tokens) << i;
-    if (want.buckets[i].tokens)
+    if (want.buckets[i].tokens) {
       EXPECT_NEAR(got.buckets[i].lossSum / got.buckets[i].tokens, want.buckets[i].lossSum / want.buckets[i].tokens,
                   lt::testing::Tol::kHfOracle) << i;
+    }
   }
 }
 
@@ -176,6 +177,50 @@ TEST(LongEvalCli, TwoSequenceParallelRanksEqualOneProcess) {
   auto r = lt::testing::runCommand(base + " --seq-len 12 --nproc 2 --needle");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("--needle runs in one process"), std::string::npos) << r.out;
+}
+
+}  // namespace
+
+namespace {
+
+// train.eval: each evaluation writes the loss by position to the metrics, and the last one is
+// what `longtrain eval` measures on the final checkpoint.
+TEST(LongEvalCli, TrainEvalWritesWhatEvalMeasures) {
+  const auto dir = lt::testing::freshTempDir("longtrain_train_eval");
+  const fs::path file = writeTokens(dir / "t.bin", 20 * 12, 40);
+  const json cfg = {
+      {"train_micro_batch_size_per_gpu", 2},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-2}}}}},
+      {"model", {{"vocab_size", 40}, {"hidden_size", 16}, {"num_layers", 1}, {"num_heads", 2}, {"intermediate_size", 32}}},
+      {"data", {{"type", "uint16"}, {"path", file.string()}, {"seq_len", 12}, {"eval_samples", 0}}},
+      {"train", {{"steps", 3}, {"eval_every", 2},
+                 {"eval", {{"data", file.string()}, {"seq_len", 12}, {"windows", 3}, {"dtype", "uint16"}}},
+                 {"checkpoint", {{"dir", (dir / "ckpt").string()}, {"every_steps", 3}}}}}};
+  std::ofstream(dir / "cfg.json") << cfg.dump();
+  const std::string bin = LONGTRAIN_BIN;
+  auto r = lt::testing::runCommand(bin + " train " + (dir / "cfg.json").string() + " --metrics " +
+                                   (dir / "m.jsonl").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("eval-long @ step 2"), std::string::npos) << r.out;
+  std::vector<json> lines;
+  std::ifstream in(dir / "m.jsonl");
+  for (std::string l; std::getline(in, l);) lines.push_back(json::parse(l));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_FALSE(lines[0].contains("eval_loss_by_position"));  // nothing for an evaluation that did not run
+  EXPECT_TRUE(lines[1].contains("eval_loss_by_position"));
+  r = lt::testing::runCommand(bin + " eval " + (dir / "ckpt").string() + " --data " + file.string() +
+                              " --dtype uint16 --seq-len 12 --windows 3 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json e = json::parse(r.out.substr(r.out.rfind("\n{") + 1));
+  EXPECT_NEAR(lines[2]["eval_long_loss"].get<double>(), e["loss"].get<double>(), 1e-9);
+  EXPECT_EQ(lines[2]["eval_loss_by_position"], e["loss_by_position"]);
+  // A missing file is refused before training, with the path tried.
+  json bad = cfg;
+  bad["train"]["eval"]["data"] = "no/such.bin";
+  std::ofstream(dir / "bad.json") << bad.dump();
+  r = lt::testing::runCommand(bin + " train " + (dir / "bad.json").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("'train.eval.data' = 'no/such.bin' is not a file (absolute: '"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -93,6 +93,12 @@ struct TrainSection {
   // (text, with data.tokenizer), after EOS for packed documents, else BOS. 0: never.
   int64_t sampleEvery = 0, sampleTokens = 32;
   std::string samplePrompt;
+  // train.eval: at every evaluation (eval_every and the end) the loss by position over a token
+  // file (what `longtrain eval --data` measures), on rank 0's copy of the weights; data "": none.
+  struct LongEval {
+    std::string data, dtype, packing = "none";  // dtype "": the file's sidecar's
+    int64_t seqLen = 0, windows = 4;
+  } longEval;
   double commTimeoutS = 60;
   // Per-rank memory budget (bytes) for activation_checkpointing "auto"; 0: 90% of what the
   // rank may use (MemAvailable and the cgroup limit, shared among the local ranks).

@@ -285,6 +285,13 @@ TrainSection parseTrain(JsonReader t) {
   c.memoryPreflight = t.getBool("memory_preflight", c.memoryPreflight);
   c.offloadDir = t.getString("offload_dir", c.offloadDir);
   c.checkpoint = parseCheckpoint(t.sub("checkpoint"));
+  JsonReader le = t.sub("eval");
+  c.longEval.data = le.getString("data", c.longEval.data);
+  c.longEval.seqLen = le.getInt("seq_len", c.longEval.seqLen, 0, kBig);
+  c.longEval.windows = le.getInt("windows", c.longEval.windows, 1, kBig);
+  c.longEval.dtype = le.getEnum("dtype", c.longEval.dtype, {"", "uint16", "uint32"});
+  c.longEval.packing = le.getEnum("packing", c.longEval.packing, {"none", "documents"});
+  le.finish();
   t.finish();
   return c;
 }

@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <climits>
+#include <filesystem>
 #include <iterator>
 #include <utility>
 #include <vector>
 
+#include "longtrain/config/token_sidecar.h"
 #include "longtrain/core/check.h"
 
 namespace lt::config {
@@ -118,7 +120,24 @@ void checkData(const Config& c) {
   if (!d.tokenFile()) checkKvRecall(d.seqLen, d.kvPairs, d.kvQueries, d.kvKeys, d.kvValues, d.kvNoise);
 }
 
+// train.eval: the token file is there, and its dtype (and, to pack, its EOS) is known.
+void checkLongEval(const Config& c) {
+  const auto& e = c.train.longEval;
+  if (e.data.empty()) return;
+  std::error_code ec;
+  LT_CHECK(std::filesystem::is_regular_file(e.data, ec), "config key 'train.eval.data' = '", e.data,
+           "' is not a file (absolute: '", std::filesystem::absolute(e.data, ec).string(), "'); give a token file ",
+           "written by longtrain tokenize");
+  LT_CHECK(e.seqLen >= 2, "config key 'train.eval.seq_len' is required with train.eval.data (the window length)");
+  const auto side = readTokenSidecar(e.data);
+  LT_CHECK(!e.dtype.empty() || side, "train.eval.data '", e.data, "' has no sidecar (", tokenSidecarPath(e.data),
+           "); set train.eval.dtype (uint16 or uint32), or write the file with longtrain tokenize");
+  LT_CHECK(e.packing == "none" || (side && side->eosId >= 0) || c.data.eosId >= 0, "train.eval.packing ",
+           "\"documents\" needs the EOS id: from the file's sidecar, or data.eos_id");
+}
+
 void checkTrain(const Config& c) {
+  checkLongEval(c);
   const TrainSection& t = c.train;
   LT_CHECK(t.checkpoint.everySteps == 0 || !t.checkpoint.dir.empty(), "config key 'train.checkpoint.every_steps' = ",
            t.checkpoint.everySteps, " needs 'train.checkpoint.dir' (where to write checkpoints)");

@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "longtrain/ckpt/checkpoint.h"
+#include "longtrain/config/token_sidecar.h"
 #include "longtrain/core/check.h"
 #include "longtrain/core/cpu.h"
 #include "longtrain/core/memory.h"
@@ -27,6 +28,7 @@
 #include "longtrain/model/model.h"
 #include "longtrain/plan/memory_model.h"
 #include "longtrain/train/engine.h"
+#include "longtrain/train/long_eval.h"
 #include "longtrain/train/machine.h"
 
 namespace lt::train {
@@ -81,6 +83,36 @@ class Sampler {
   const Config& cfg_;
   std::unique_ptr<data::Tokenizer> tok_;
   std::vector<int64_t> prompt_;
+  std::unique_ptr<model::Model> model_;
+};
+
+// train.eval: the loss by position over a token file at each evaluation, as `longtrain eval`
+// measures it (gathered under ZeRO-3: every rank takes part, rank 0 runs it on its own copy).
+class LongEvaluator {
+ public:
+  explicit LongEvaluator(const Config& cfg) {
+    const auto& e = cfg.train.longEval;
+    if (e.data.empty()) return;
+    const auto side = config::readTokenSidecar(e.data);
+    opts_.path = e.data;
+    opts_.bytesPerToken = (e.dtype.empty() ? side->dtype : e.dtype) == "uint32" ? 4 : 2;
+    opts_.seqLen = e.seqLen;
+    opts_.maxWindows = e.windows;
+    if (e.packing == "documents") opts_.packEos = side && side->eosId >= 0 ? side->eosId : cfg.data.eosId;
+  }
+  std::optional<PositionLoss> maybeEvaluate(Engine& engine, bool evalNow, bool lead) {
+    if (opts_.path.empty() || !evalNow) return std::nullopt;
+    auto params = engine.fullParameters();  // collective under ZeRO-3
+    if (!lead) return std::nullopt;
+    if (!model_) model_ = std::make_unique<model::Model>(engine.config().model, 0, /*initialize=*/false);
+    auto mine = model_->parameters();
+    at::NoGradGuard ng;
+    for (size_t i = 0; i < mine.size(); ++i) mine[i].detach().copy_(params[i]);
+    return evaluatePositions(*model_, opts_);
+  }
+
+ private:
+  PositionLossOptions opts_;
   std::unique_ptr<model::Model> model_;
 };
 
@@ -253,7 +285,8 @@ class MetricsWriter {
     LT_CHECK(out_.good(), "--metrics: cannot open '", path, "' for writing");
   }
   double mfu(double tokensPerS) const { return gemmPeak_ > 0 ? tokensPerS * flopsPerToken_ / gemmPeak_ : 0.0; }
-  void write(Engine& engine, const StepMetrics& m, const EvalMetrics* e, double ckptS, const std::string& ckptError) {
+  void write(Engine& engine, const StepMetrics& m, const EvalMetrics* e, double ckptS, const std::string& ckptError,
+             const PositionLoss* byPosition) {
     if (!out_.is_open()) return;
     const double tps = m.tokens / m.stepTimeS;
     nlohmann::json j{{"step", m.step}, {"loss", m.loss}, {"lr", m.lr}, {"grad_norm", m.gradNorm},
@@ -274,6 +307,12 @@ class MetricsWriter {
     if (e) {
       j["eval_loss"] = e->loss;
       j["eval_accuracy"] = e->accuracy;
+    }
+    if (byPosition) {  // train.eval: [[start, end, loss], ...] as longtrain eval --json has it
+      j["eval_long_loss"] = byPosition->loss();
+      j["eval_loss_by_position"] = nlohmann::json::array();
+      for (const auto& b : byPosition->buckets)
+        if (b.tokens > 0) j["eval_loss_by_position"].push_back({b.start, b.end, b.lossSum / static_cast<double>(b.tokens)});
     }
     out_ << j.dump() << "\n";
     out_.flush();
@@ -336,6 +375,16 @@ SaveOutcome maybeSave(Engine& engine, ckpt::AsyncSaver& saver, const TrainOption
   return out;
 }
 
+// train.eval's line: the mean and the loss by position, one bucket after another.
+void printLongEval(const PositionLoss& r, int64_t step, const Config& cfg) {
+  std::string buckets;
+  for (const auto& b : r.buckets)
+    if (b.tokens > 0) buckets += fmt::format(" [{},{}) {:.3f}", b.start, b.end, b.lossSum / static_cast<double>(b.tokens));
+  std::printf("eval-long @ step %lld: %s at %lld tokens, %lld windows: loss %.4f; by position:%s\n", (long long)step,
+              cfg.train.longEval.data.c_str(), (long long)cfg.train.longEval.seqLen, (long long)r.windows, r.loss(),
+              buckets.c_str());
+}
+
 void printProgress(const Config& cfg, const StepMetrics& m, double tps, double mfu, double etaS, const EvalMetrics* e) {
   if (m.step % cfg.stepsPerPrint == 0 || m.step == 1 || m.step == cfg.train.steps)
     std::printf("step %lld/%lld | loss %.4f | acc %.3f | lr %.3g | grad_norm %.3f | %.0f tok/s | MFU %.1f%% | "
@@ -387,6 +436,7 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
   Throughput rate;
   ckpt::AsyncSaver saver;  // train.checkpoint.async
   Sampler sampler(cfg);
+  LongEvaluator longEval(cfg);
   for (int64_t s = engine.globalStep(); s < cfg.train.steps; ++s) {
     if (opts.faultKillRank == groups.world->rank() && opts.faultKillStep == s) ::raise(SIGKILL);
     StepMetrics m;
@@ -405,11 +455,13 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
     std::optional<EvalMetrics> e;
     if (evalNow) setPhase("evaluation after step %lld", (long long)m.step), e = engine.evaluate();
     sampler.maybeSample(engine, m.step, lead);
+    const std::optional<PositionLoss> byPosition = longEval.maybeEvaluate(engine, evalNow, lead);
+    if (byPosition && lead) printLongEval(*byPosition, m.step, cfg);
     if (lead) {
       const double perStep = rate.elapsed > 0 ? rate.elapsed / std::max<int64_t>(1, m.step - 1 - sum.firstStep)
                                               : m.stepTimeS;
       printProgress(cfg, m, tps, metrics.mfu(tps), (cfg.train.steps - m.step) * perStep, e ? &*e : nullptr);
-      metrics.write(engine, m, e ? &*e : nullptr, saved.seconds, saved.error);
+      metrics.write(engine, m, e ? &*e : nullptr, saved.seconds, saved.error, byPosition ? &*byPosition : nullptr);
     }
     sum.finalLoss = m.loss;
     sum.steps = m.step;
