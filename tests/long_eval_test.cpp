@@ -202,12 +202,16 @@ TEST(LongEvalCli, TrainEvalWritesWhatEvalMeasures) {
                                    (dir / "m.jsonl").string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("eval-long @ step 2"), std::string::npos) << r.out;
+  // No eval set (eval_samples 0): no eval line, no eval loss in the summary or the metrics.
+  EXPECT_EQ(r.out.find("over 0 tokens"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("eval loss"), std::string::npos) << r.out;
   std::vector<json> lines;
   std::ifstream in(dir / "m.jsonl");
   for (std::string l; std::getline(in, l);) lines.push_back(json::parse(l));
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_FALSE(lines[0].contains("eval_loss_by_position"));  // nothing for an evaluation that did not run
   EXPECT_TRUE(lines[1].contains("eval_loss_by_position"));
+  for (const auto& l : lines) EXPECT_FALSE(l.contains("eval_loss")) << l.dump();
   r = lt::testing::runCommand(bin + " eval " + (dir / "ckpt").string() + " --data " + file.string() +
                               " --dtype uint16 --seq-len 12 --windows 3 --json");
   ASSERT_EQ(r.code, 0) << r.out;

@@ -279,8 +279,9 @@ int runRank(lt::config::Config cfg, const TrainFlags& fl, const std::string& res
   if (attempt == 0) addFaultHooks(to, rv.rank);
   auto s = lt::train::runTraining(cfg, groups, to);
   if (rv.rank == 0 && !s.stopSignal)
-    std::printf("done: %lld steps, final loss %.4f, eval loss %.4f, eval accuracy %.3f, %.0f tokens/s\n",
-                (long long)s.steps, s.finalLoss, s.evalLoss, s.evalAccuracy, s.tokensPerS);
+    std::printf("done: %lld steps, final loss %.4f%s, %.0f tokens/s\n", (long long)s.steps, s.finalLoss,
+                s.evalTokens > 0 ? fmt::format(", eval loss {:.4f}, eval accuracy {:.3f}", s.evalLoss, s.evalAccuracy).c_str() : "",
+                s.tokensPerS);
   groups.world->barrier();  // nobody tears down its process group while a peer still needs it
   return s.stopSignal ? 128 + s.stopSignal : 0;
 }

@@ -454,6 +454,7 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
     const bool evalNow = (cfg.train.evalEvery > 0 && m.step % cfg.train.evalEvery == 0) || m.step == cfg.train.steps;
     std::optional<EvalMetrics> e;
     if (evalNow) setPhase("evaluation after step %lld", (long long)m.step), e = engine.evaluate();
+    if (e && e->tokens == 0) e.reset();  // no eval set: nothing printed or written, not a zero loss
     sampler.maybeSample(engine, m.step, lead);
     const std::optional<PositionLoss> byPosition = longEval.maybeEvaluate(engine, evalNow, lead);
     if (byPosition && lead) printLongEval(*byPosition, m.step, cfg);
@@ -465,7 +466,7 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
     }
     sum.finalLoss = m.loss;
     sum.steps = m.step;
-    if (e) sum.evalLoss = e->loss, sum.evalAccuracy = e->accuracy;
+    if (e) sum.evalLoss = e->loss, sum.evalAccuracy = e->accuracy, sum.evalTokens = e->tokens;
     sum.tokensPerS = tps;
     if (stop) {
       sum.stopSignal = stop;

@@ -29,6 +29,7 @@ struct TrainOptions {
 
 struct TrainSummary {
   double finalLoss = 0, evalLoss = 0, evalAccuracy = 0, tokensPerS = 0;
+  int64_t evalTokens = 0;  // 0: no evaluation ran (no eval set), and evalLoss means nothing
   int64_t steps = 0;
   int64_t firstStep = 0;         // 0, or the step resumed from
   double checkpointSeconds = 0;  // spent saving checkpoints
