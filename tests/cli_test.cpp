@@ -51,6 +51,16 @@ TEST(Cli, HelpAndConfigError) {
   auto h = sh(kBin + " --help");
   EXPECT_EQ(h.code, 0);
   EXPECT_NE(h.out.find("train"), std::string::npos);
+  // Usage errors exit 1 (not CLI11's 105-109), with its message; an empty value is one.
+  for (const std::string args : {" train", " --bogus", " plan --max-seq", " train x.json --nproc two"}) {
+    auto u = sh(kBin + args);
+    EXPECT_EQ(u.code, 1) << args << "\n" << u.out;
+    EXPECT_FALSE(u.out.empty()) << args;
+  }
+  auto empty = sh(kBin + " plan " + std::string(LONGTRAIN_SOURCE_DIR) + "/examples/quickstart.json --max-seq ''");
+  EXPECT_EQ(empty.code, 1) << empty.out;
+  EXPECT_NE(empty.out.find("plan --max-seq was given an empty value"), std::string::npos) << empty.out;
+  EXPECT_EQ(sh(kBin + " train --help").code, 0);
   json j = tinyConfig();
   j["data"]["seq_lne"] = 3;
   auto r = sh(kBin + " train " + writeConfig("bad.json", j).string());

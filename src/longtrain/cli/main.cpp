@@ -725,6 +725,33 @@ int reportFailure(const char* what, bool badAlloc) {
   return 1;
 }
 
+// CLI11's parse with longtrain's exit codes: help and version exit 0, every usage error 1 with
+// CLI11's message (its own codes are 105-109). An option given an empty value ("") is refused:
+// CLI11 takes `--max-seq ""` as absent, so a script's empty variable would go unnoticed.
+// Returns -1 to go on, else the exit status.
+int parseCommandLine(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 1;
+  }
+  for (const CLI::App* sub : app.get_subcommands())
+    for (const CLI::Option* o : sub->get_options()) {
+      if (o->count() == 0 || o->get_expected_min() == 0) continue;  // absent, or a flag / optional value
+      for (const std::string& v : o->results())
+        if (v.empty()) {
+          std::fprintf(stderr, "longtrain: error: %s %s was given an empty value; give one, or leave the option out "
+                       "(see longtrain %s --help)\n", sub->get_name().c_str(), o->get_name().c_str(),
+                       sub->get_name().c_str());
+          return 1;
+        }
+    }
+  return -1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -750,7 +777,7 @@ int main(int argc, char** argv) {
   auto* plot = addPlotCommand(app, plotFlags);
   auto* eval = lt::cli::addEvalCommand(app, evalFlags);
   auto* config = addConfigCommand(app, configFlags, configPrint);
-  CLI11_PARSE(app, argc, argv);
+  if (const int parsed = parseCommandLine(app, argc, argv); parsed >= 0) return parsed;
   // Flush subnormals to zero before any thread pool exists (new threads inherit the mode):
   // training drives some values (softmax tails, Adam's v) subnormal, and x86 then runs
   // those ops ~100x slower. Measured here: tokens/s fell from 10k to 3.7k within 100 steps.
