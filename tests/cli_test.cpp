@@ -2,6 +2,7 @@
 // metrics JSONL, and a rank killed with SIGKILL turning into a named error, never a hang.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <chrono>
@@ -61,6 +62,29 @@ TEST(Cli, HelpAndConfigError) {
   EXPECT_EQ(empty.code, 1) << empty.out;
   EXPECT_NE(empty.out.find("plan --max-seq was given an empty value"), std::string::npos) << empty.out;
   EXPECT_EQ(sh(kBin + " train --help").code, 0);
+  // Hostile config files: nesting too deep (in the file and in --set), a syntax error (its line
+  // and column), a FIFO (it would block): exit 1 and a message, never a signal or a hang.
+  const fs::path deep = writeConfig("deep.json", json::object());
+  std::ofstream(deep) << "{\"a\": " << std::string(100000, '[') << std::string(100000, ']') << "}";
+  auto d = sh(kBin + " train " + deep.string());
+  EXPECT_EQ(d.code, 1) << d.out;
+  EXPECT_NE(d.out.find("is nested deeper than 512 levels (line 1, column 518)"), std::string::npos) << d.out;
+  d = sh(kBin + " plan " + std::string(LONGTRAIN_SOURCE_DIR) + "/examples/quickstart.json --set 'model.x=" +
+         std::string(2000, '[') + std::string(2000, ']') + "'");
+  EXPECT_EQ(d.code, 1) << d.out;
+  EXPECT_NE(d.out.find("--set 'model.x' is nested deeper"), std::string::npos) << d.out;
+  const fs::path syntax = writeConfig("syntax.json", json::object());
+  std::ofstream(syntax) << "{\n  \"train\": {\n    \"steps\": 5,,\n  }\n}\n";
+  d = sh(kBin + " train " + syntax.string());
+  EXPECT_EQ(d.code, 1) << d.out;
+  EXPECT_NE(d.out.find("is not valid JSON: line 3, column 16"), std::string::npos) << d.out;
+  const fs::path fifo = syntax.parent_path() / "fifo.json";
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  d = sh(kBin + " train " + fifo.string());
+  EXPECT_EQ(d.code, 1) << d.out;
+  EXPECT_NE(d.out.find("is not a regular file"), std::string::npos) << d.out;
+  fs::remove(fifo);
   json j = tinyConfig();
   j["data"]["seq_lne"] = 3;
   auto r = sh(kBin + " train " + writeConfig("bad.json", j).string());

@@ -14,6 +14,7 @@
 
 #include "longtrain/config/hf_llama_config.h"
 #include "longtrain/config/json_reader.h"
+#include "longtrain/config/json_text.h"
 #include "longtrain/config/token_sidecar.h"
 #include "longtrain/config/validate.h"
 #include "longtrain/core/check.h"
@@ -355,6 +356,7 @@ void applyOverride(json& j, const std::string& assignment) {
   LT_CHECK(eq != std::string::npos && eq > 0, "--set '", assignment, "' must look like KEY=VALUE, e.g. ",
            "--set zero_optimization.stage=3");
   std::string key = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  checkJsonDepth(text, "--set '" + key + "'");  // before the parser builds (and destroys) a deep tree
   json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded()) value = text;  // a bare word: a string
   json* node = &j;
@@ -411,13 +413,10 @@ std::string firstDuplicateKey(std::istream& in) {
 }  // namespace
 
 json loadConfigJson(const std::string& path, const std::vector<std::string>& overrides) {
-  LT_CHECK(!std::filesystem::is_directory(path), "config file '", path, "' is a directory; give the JSON config ",
-           "file itself (e.g. examples/quickstart.json)");
-  std::ifstream f(path);
-  LT_CHECK(f.good(), "cannot open config file '", path, "'");
-  json j = json::parse(f, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
-  LT_CHECK(!j.is_discarded(), "config file '", path, "' is not valid JSON");
-  std::ifstream again(path);
+  const std::string what = "config file '" + path + "'";
+  const std::string text = readJsonFile(path, what);
+  json j = parseJsonText(text, what, /*comments=*/true);
+  std::istringstream again(text);
   const std::string dup = firstDuplicateKey(again);
   LT_CHECK(dup.empty(), "config file '", path, "': key '", dup, "' appears twice (JSON would silently keep the ",
            "last one); remove one of them");
