@@ -39,8 +39,32 @@ std::string humanTime(double s) {
   if (s < 3600) return fmt::format("{:.0f}m{:02.0f}s", std::floor(s / 60), std::fmod(s, 60));
   return fmt::format("{:.0f}h{:02.0f}m", std::floor(s / 3600), std::fmod(s / 60, 60));
 }
-// train.sample_every: a short generation from the current weights (gathered under ZeRO-3:
-// every rank takes part, rank 0 decodes on its own copy of the model).
+// Rank 0's own copy of the current weights, for work beside the step program (samples,
+// train.eval). Gathered under ZeRO-3, so every rank calls current(); gathered once per step
+// however many users ask (the step is the same on every rank, so all skip together).
+class WeightCopy {
+ public:
+  // The model holding the weights after the engine's last step; null on ranks other than 0.
+  const model::Model* current(Engine& engine, bool lead) {
+    if (step_ != engine.globalStep()) {
+      step_ = engine.globalStep();
+      auto params = engine.fullParameters();  // collective under ZeRO-3
+      if (lead) {
+        if (!model_) model_ = std::make_unique<model::Model>(engine.config().model, 0, /*initialize=*/false);
+        auto mine = model_->parameters();
+        at::NoGradGuard ng;
+        for (size_t i = 0; i < mine.size(); ++i) mine[i].detach().copy_(params[i]);
+      }
+    }
+    return lead ? model_.get() : nullptr;
+  }
+
+ private:
+  int64_t step_ = -1;
+  std::unique_ptr<model::Model> model_;
+};
+
+// train.sample_every: a short generation from the current weights (rank 0 decodes on its copy).
 class Sampler {
  public:
   explicit Sampler(const Config& cfg) : cfg_(cfg) {
@@ -54,20 +78,17 @@ class Sampler {
     if (start >= 0) prompt_.insert(prompt_.begin(), start);
     if (prompt_.empty()) prompt_.push_back(0);
   }
-  void maybeSample(Engine& engine, int64_t step, bool lead) {
+  void maybeSample(Engine& engine, WeightCopy& weights, int64_t step, bool lead) {
     if (cfg_.train.sampleEvery <= 0 || step % cfg_.train.sampleEvery != 0) return;
-    auto params = engine.fullParameters();  // collective under ZeRO-3
-    if (!lead) return;
-    if (!model_) model_ = std::make_unique<model::Model>(engine.config().model, 0, /*initialize=*/false);
-    auto mine = model_->parameters();
+    const model::Model* model = weights.current(engine, lead);
+    if (!model) return;
     at::NoGradGuard ng;
-    for (size_t i = 0; i < mine.size(); ++i) mine[i].detach().copy_(params[i]);
     model::SamplingOptions o;
     o.temperature = 0.8;
     o.topK = 40;
     o.maxNewTokens = cfg_.train.sampleTokens;
     o.stopToken = tok_ ? tok_->eosId() : -1;
-    const auto ids = model::generate(*model_, prompt_, o);
+    const auto ids = model::generate(*model, prompt_, o);
     std::string text;
     if (tok_) {  // decoded with the prompt: SentencePiece drops a leading space
       std::vector<int64_t> all = prompt_;
@@ -83,11 +104,10 @@ class Sampler {
   const Config& cfg_;
   std::unique_ptr<data::Tokenizer> tok_;
   std::vector<int64_t> prompt_;
-  std::unique_ptr<model::Model> model_;
 };
 
 // train.eval: the loss by position over a token file at each evaluation, as `longtrain eval`
-// measures it (gathered under ZeRO-3: every rank takes part, rank 0 runs it on its own copy).
+// measures it, on rank 0's copy of the weights.
 class LongEvaluator {
  public:
   explicit LongEvaluator(const Config& cfg) {
@@ -100,20 +120,15 @@ class LongEvaluator {
     opts_.maxWindows = e.windows;
     if (e.packing == "documents") opts_.packEos = side && side->eosId >= 0 ? side->eosId : cfg.data.eosId;
   }
-  std::optional<PositionLoss> maybeEvaluate(Engine& engine, bool evalNow, bool lead) {
+  std::optional<PositionLoss> maybeEvaluate(Engine& engine, WeightCopy& weights, bool evalNow, bool lead) {
     if (opts_.path.empty() || !evalNow) return std::nullopt;
-    auto params = engine.fullParameters();  // collective under ZeRO-3
-    if (!lead) return std::nullopt;
-    if (!model_) model_ = std::make_unique<model::Model>(engine.config().model, 0, /*initialize=*/false);
-    auto mine = model_->parameters();
-    at::NoGradGuard ng;
-    for (size_t i = 0; i < mine.size(); ++i) mine[i].detach().copy_(params[i]);
-    return evaluatePositions(*model_, opts_);
+    const model::Model* model = weights.current(engine, lead);
+    if (!model) return std::nullopt;
+    return evaluatePositions(*model, opts_);
   }
 
  private:
   PositionLossOptions opts_;
-  std::unique_ptr<model::Model> model_;
 };
 
 // SIGTERM/SIGINT on any rank stops every rank after the same step: the ranks agree each step.
@@ -435,6 +450,7 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
   sum.firstStep = engine.globalStep();
   Throughput rate;
   ckpt::AsyncSaver saver;  // train.checkpoint.async
+  WeightCopy weights;  // rank 0's, shared by the sampler and train.eval
   Sampler sampler(cfg);
   LongEvaluator longEval(cfg);
   for (int64_t s = engine.globalStep(); s < cfg.train.steps; ++s) {
@@ -455,8 +471,8 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
     std::optional<EvalMetrics> e;
     if (evalNow) setPhase("evaluation after step %lld", (long long)m.step), e = engine.evaluate();
     if (e && e->tokens == 0) e.reset();  // no eval set: nothing printed or written, not a zero loss
-    sampler.maybeSample(engine, m.step, lead);
-    const std::optional<PositionLoss> byPosition = longEval.maybeEvaluate(engine, evalNow, lead);
+    sampler.maybeSample(engine, weights, m.step, lead);
+    const std::optional<PositionLoss> byPosition = longEval.maybeEvaluate(engine, weights, evalNow, lead);
     if (byPosition && lead) printLongEval(*byPosition, m.step, cfg);
     if (lead) {
       const double perStep = rate.elapsed > 0 ? rate.elapsed / std::max<int64_t>(1, m.step - 1 - sum.firstStep)
