@@ -16,11 +16,11 @@
 #include <array>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <queue>
 #include <unordered_map>
 
+#include "longtrain/config/json_text.h"
 #include "longtrain/core/check.h"
 
 namespace lt::data {
@@ -291,11 +291,6 @@ struct StringHash {
 };
 using BytesMap = std::unordered_map<std::string, int, StringHash, std::equal_to<>>;
 
-std::string readFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  LT_CHECK(f.is_open(), "tokenizer '", path, "' cannot be opened");
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
 
 // The content of tokenizer_config.json's eos_token / bos_token: a string or {"content": ...}.
 std::string configToken(const json& cfg, const char* key) {
@@ -361,9 +356,10 @@ struct HfTokenizer::Impl {
 
 void HfTokenizer::Impl::load(const std::string& file) {
   path = file;
-  const json j = json::parse(readFile(file), nullptr, /*allow_exceptions=*/false);
-  LT_CHECK(!j.is_discarded() && j.is_object(), "tokenizer '", file, "' is not valid JSON (a tokenizer.json ",
-           "from a Hugging Face model directory is expected)");
+  const std::string what = "tokenizer '" + file + "'";
+  const json j = config::parseJsonText(config::readJsonFile(file, what), what);  // line and column of an error
+  LT_CHECK(j.is_object(), what, " is not a JSON object (a tokenizer.json from a Hugging Face model directory is ",
+           "expected)");
   LT_CHECK(j.contains("model") && j["model"].is_object(), where("model"), ": no \"model\" object; is this a ",
            "tokenizer.json?");
   loadModel(j["model"]);
@@ -531,7 +527,7 @@ void HfTokenizer::Impl::loadSpecialIds(const fs::path& dir) {
   std::string eosName, bosName;
   std::error_code ec;
   if (const fs::path cfgPath = dir / "tokenizer_config.json"; fs::is_regular_file(cfgPath, ec)) {
-    const json cfg = json::parse(readFile(cfgPath.string()), nullptr, false);
+    const json cfg = json::parse(config::readJsonFile(cfgPath.string(), "'" + cfgPath.string() + "'"), nullptr, false);
     if (cfg.is_object()) eosName = configToken(cfg, "eos_token"), bosName = configToken(cfg, "bos_token");
   }
   const auto idOf = [&](const std::string& content) -> int64_t {
@@ -700,18 +696,16 @@ void HfTokenizer::Impl::preTokenize(Scratch& s) const {
         text = std::string_view(s.buffer).substr(base, copy.size());
       }
       if (p.kind == PreTokenizer::Digits) {
-        for (size_t i = 0; i < text.size();) {
+        for (size_t i = 0; i < text.size();) {  // a digit each, a run of non-digits as one gap
           size_t j = i;
           const bool numeric = isNumeric(nextChar(text, j));
-          s.segments.push_back({static_cast<uint32_t>(base + i), static_cast<uint32_t>(base + j), numeric});
+          if (!numeric && !s.segments.empty() && !s.segments.back().match)
+            s.segments.back().end = static_cast<uint32_t>(base + j);
+          else
+            s.segments.push_back({static_cast<uint32_t>(base + i), static_cast<uint32_t>(base + j), numeric});
           i = j;
         }
-        // Runs of non-digits are one gap: merge them before the behaviour applies.
-        std::vector<Segment> merged;
-        for (const Segment& g : s.segments)
-          if (!g.match && !merged.empty() && !merged.back().match) merged.back().end = g.end;
-          else merged.push_back(g);
-        applyBehavior(merged, p.individualDigits ? Behavior::Isolated : Behavior::Contiguous, s.next);
+        applyBehavior(s.segments, p.individualDigits ? Behavior::Isolated : Behavior::Contiguous, s.next);
         continue;
       }
       if (!p.regex) {  // ByteLevel without its regex: the piece as it is
