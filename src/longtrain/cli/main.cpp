@@ -72,11 +72,13 @@ void printBreakdown(const lt::plan::MemoryBreakdown& m) {
   if (m.offloaded > 0) std::printf("  %-20s %10.1f (train.offload_dir, not in the total)\n", "offloaded to disk", mib(m.offloaded));
 }
 
-// `longtrain config CONFIG --print`: the effective config, every default filled in, as JSON.
-int cmdConfig(const std::string& configPath, int nprocFlag, const std::vector<std::string>& sets) {
+// `longtrain config CONFIG`: the config checked as train checks it; with --print, the effective
+// config, every default filled in, as JSON.
+int cmdConfig(const std::string& configPath, int nprocFlag, const std::vector<std::string>& sets, bool print) {
   nlohmann::json j = lt::config::loadConfigJson(configPath, sets);
   const lt::config::Config cfg = lt::config::parseConfig(j, nprocOf(j, nprocFlag));
-  std::printf("%s\n", cfg.effective.c_str());
+  if (print) std::printf("%s\n", cfg.effective.c_str());
+  else std::printf("config: %s is valid (--print shows it with every default)\n", configPath.c_str());
   return 0;
 }
 
@@ -622,13 +624,18 @@ CLI::App* addExportCommand(CLI::App& app, ExportFlags& f) {
   return exp;
 }
 
+// CONFIG, --nproc and --set of the commands that read a config without running it (plan, config).
+void addConfigOptions(CLI::App* c, PlanFlags& f) {
+  c->add_option("CONFIG", f.config, "path of the JSON config")->required();
+  c->add_option("--nproc", f.nproc, "ranks the config would run on (default: the config's train.nproc)")
+      ->check(CLI::Range(1, 1024));
+  c->add_option("--set", f.sets, "override a config key by its dotted path with a JSON value (repeatable)");
+}
+
 CLI::App* addPlanCommand(CLI::App& app, PlanFlags& f) {
   auto* plan = app.add_subcommand("plan", "predict each rank's peak memory for a config, or (--max-seq) the "
                                           "longest seq_len within a per-rank budget; runs nothing");
-  plan->add_option("CONFIG", f.config, "path of the JSON config")->required();
-  plan->add_option("--nproc", f.nproc, "ranks the config would run on (default: the config's train.nproc)")
-      ->check(CLI::Range(1, 1024));
-  plan->add_option("--set", f.sets, "override a config key by its dotted path with a JSON value (repeatable)");
+  addConfigOptions(plan, f);
   plan->add_option("--max-seq", f.maxSeq, "per-rank byte budget (4GiB, 512MiB, 1.5GB or plain bytes): print the "
                                         "longest seq_len that fits, and the ablation ladder's");
   return plan;
@@ -637,10 +644,7 @@ CLI::App* addPlanCommand(CLI::App& app, PlanFlags& f) {
 CLI::App* addConfigCommand(CLI::App& app, PlanFlags& f, bool& print) {
   auto* c = app.add_subcommand("config", "check a config (every rule `train` applies) and, with --print, print it "
                                          "with every default filled in, as JSON");
-  c->add_option("CONFIG", f.config, "path of the JSON config")->required();
-  c->add_option("--nproc", f.nproc, "ranks the config would run on (default: the config's train.nproc)")
-      ->check(CLI::Range(1, 1024));
-  c->add_option("--set", f.sets, "override a config key by its dotted path with a JSON value (repeatable)");
+  addConfigOptions(c, f);
   c->add_flag("--print", print, "print the effective config: every key, given or default, as train would use it");
   return c;
 }
@@ -794,13 +798,7 @@ int main(int argc, char** argv) {
     if (*plot) return cmdPlot(plotFlags.files, plotFlags.labels, plotFlags.out, plotFlags.options);
     if (*tokenize) return cmdTokenize(tokenizeFlags);
     if (*eval) return lt::cli::cmdEval(evalFlags, argc, argv);
-    if (*config) {
-      if (configPrint) return cmdConfig(configFlags.config, configFlags.nproc, configFlags.sets);
-      const auto j = lt::config::loadConfigJson(configFlags.config, configFlags.sets);
-      lt::config::parseConfig(j, nprocOf(j, configFlags.nproc));
-      std::printf("config: %s is valid (--print shows it with every default)\n", configFlags.config.c_str());
-      return 0;
-    }
+    if (*config) return cmdConfig(configFlags.config, configFlags.nproc, configFlags.sets, configPrint);
   } catch (const std::bad_alloc&) {
     return reportFailure("", true);
   } catch (const std::exception& e) {
