@@ -16,7 +16,6 @@
 
 #include "longtrain/ckpt/hf_llama.h"
 #include "longtrain/comm/launch.h"
-#include "longtrain/config/token_sidecar.h"
 #include "longtrain/core/check.h"
 #include "longtrain/report/heatmap.h"
 #include "longtrain/train/long_eval.h"
@@ -43,22 +42,8 @@ std::vector<T> parseList(const std::string& text, const char* flag) {
 }
 
 train::PositionLossOptions positionOptions(const EvalFlags& f) {
-  train::PositionLossOptions o;
-  o.path = f.data, o.seqLen = f.seqLen, o.maxWindows = f.windows;
-  const std::optional<config::TokenSidecar> side = config::readTokenSidecar(f.data);
-  std::string dtype = f.dtype;
-  if (dtype.empty()) {
-    LT_CHECK(side.has_value(), "eval --data '", f.data, "' has no sidecar (", config::tokenSidecarPath(f.data),
-             "); give --dtype uint16 or uint32, or write the file with longtrain tokenize");
-    dtype = side->dtype;
-  }
-  o.bytesPerToken = dtype == "uint32" ? 4 : 2;
-  if (f.packing == "documents") {
-    o.packEos = f.eosId >= 0 ? f.eosId : side ? side->eosId : -1;
-    LT_CHECK(o.packEos >= 0, "eval --packing documents needs the EOS id: give --eos-id, or a token file written by ",
-             "longtrain tokenize (its sidecar names it)");
-  }
-  return o;
+  return train::positionLossOptions(f.data, f.seqLen, f.windows, f.dtype, f.packing == "documents", f.eosId, -1,
+                                    "eval --data");
 }
 
 void printPositionLoss(const train::PositionLoss& r, const EvalFlags& f) {

@@ -10,6 +10,7 @@
 #include <cctype>
 #include <random>
 
+#include "longtrain/config/token_sidecar.h"
 #include "longtrain/core/check.h"
 #include "longtrain/data/data.h"
 #include "longtrain/sp/layout.h"
@@ -87,6 +88,24 @@ at::Tensor lastLogits(const model::Model& m, const std::vector<int64_t>& ids) {
   at::Tensor t = at::tensor(ids, at::kLong).view({1, S});
   at::Tensor h = hidden(m, t, at::arange(S, at::kLong).view({1, S}), false);
   return m.logits(h.narrow(1, S - 1, 1))[0][0].to(at::kFloat);
+}
+
+PositionLossOptions positionLossOptions(const std::string& path, int64_t seqLen, int64_t windows,
+                                        const std::string& dtype, bool packDocuments, int64_t eosOverride,
+                                        int64_t eosFallback, const std::string& source) {
+  PositionLossOptions o;
+  o.path = path, o.seqLen = seqLen, o.maxWindows = windows;
+  const std::optional<config::TokenSidecar> side = config::readTokenSidecar(path);
+  LT_CHECK(!dtype.empty() || side, source, " '", path, "' has no sidecar (", config::tokenSidecarPath(path),
+           "); give its dtype (eval --dtype, train.eval.dtype: uint16 or uint32), or write the file with longtrain ",
+           "tokenize");
+  o.bytesPerToken = (dtype.empty() ? side->dtype : dtype) == "uint32" ? 4 : 2;
+  if (packDocuments) {
+    o.packEos = eosOverride >= 0 ? eosOverride : side && side->eosId >= 0 ? side->eosId : eosFallback;
+    LT_CHECK(o.packEos >= 0, source, " '", path, "': packed documents need the EOS id: give it (eval --eos-id, ",
+             "data.eos_id), or a token file written by longtrain tokenize (its sidecar names it)");
+  }
+  return o;
 }
 
 namespace {

@@ -43,6 +43,13 @@ struct SequenceParallel {
   comm::Groups groups;
   config::ParallelLayout layout;
 };
+// The options for token file `path` as eval and train.eval give them: `dtype` "" takes the
+// file's sidecar's; with packed documents the EOS is `eosOverride` (>= 0), else the sidecar's,
+// else `eosFallback`. `source` names the flag or key in errors ("eval --data").
+PositionLossOptions positionLossOptions(const std::string& path, int64_t seqLen, int64_t windows,
+                                        const std::string& dtype, bool packDocuments, int64_t eosOverride,
+                                        int64_t eosFallback, const std::string& source);
+
 PositionLoss evaluatePositions(const model::Model& m, const PositionLossOptions& o, const SequenceParallel* sp = nullptr);
 
 struct NeedleOptions {

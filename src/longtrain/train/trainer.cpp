@@ -15,7 +15,6 @@
 #include <optional>
 
 #include "longtrain/ckpt/checkpoint.h"
-#include "longtrain/config/token_sidecar.h"
 #include "longtrain/core/check.h"
 #include "longtrain/core/cpu.h"
 #include "longtrain/core/memory.h"
@@ -113,12 +112,8 @@ class LongEvaluator {
   explicit LongEvaluator(const Config& cfg) {
     const auto& e = cfg.train.longEval;
     if (e.data.empty()) return;
-    const auto side = config::readTokenSidecar(e.data);
-    opts_.path = e.data;
-    opts_.bytesPerToken = (e.dtype.empty() ? side->dtype : e.dtype) == "uint32" ? 4 : 2;
-    opts_.seqLen = e.seqLen;
-    opts_.maxWindows = e.windows;
-    if (e.packing == "documents") opts_.packEos = side && side->eosId >= 0 ? side->eosId : cfg.data.eosId;
+    opts_ = positionLossOptions(e.data, e.seqLen, e.windows, e.dtype, e.packing == "documents", -1, cfg.data.eosId,
+                                "train.eval.data");
   }
   std::optional<PositionLoss> maybeEvaluate(Engine& engine, WeightCopy& weights, bool evalNow, bool lead) {
     if (opts_.path.empty() || !evalNow) return std::nullopt;
