@@ -23,8 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "longtrain/kernels/fused_attention.h"
 #include "longtrain/model/attention.h"
-#include "longtrain/model/fused_attention.h"
 #include "longtrain/model/model.h"
 #include "longtrain/train/machine.h"
 
@@ -67,8 +67,8 @@ void checkAgainstNaive(Inputs& in, const AttnFn& fn, const std::string& name, do
 }
 
 double gemmPeak() {
-  static const double peak = std::max(lt::train::measureGemmPeakFlops(lt::model::GemmRoute::Blas),
-                                      lt::train::measureGemmPeakFlops(lt::model::GemmRoute::OneDnn));
+  static const double peak = std::max(lt::train::measureGemmPeakFlops(lt::kernels::GemmRoute::Blas),
+                                      lt::train::measureGemmPeakFlops(lt::kernels::GemmRoute::OneDnn));
   return peak;
 }
 
@@ -93,23 +93,23 @@ void registerAll() {
   };
   add("naive", [](auto& q, auto& k, auto& v) { return lt::model::causalAttention(q, k, v); }, -1);
   add("chunked256", [](auto& q, auto& k, auto& v) { return lt::model::chunkedAttention(q, k, v, 256); }, -1);
-  for (auto isa : {lt::model::KernelIsa::Baseline, lt::model::KernelIsa::Avx2, lt::model::KernelIsa::Avx512}) {
-    if (!lt::model::kernelIsaSupported(isa)) continue;
-    lt::model::FusedAttentionOptions o;
+  for (auto isa : {lt::kernels::Isa::Baseline, lt::kernels::Isa::Avx2, lt::kernels::Isa::Avx512}) {
+    if (!lt::kernels::isaSupported(isa)) continue;
+    lt::kernels::FusedAttentionOptions o;
     o.isa = isa;
-    add(std::string("fused_") + lt::model::kernelIsaName(isa),
-        [o](auto& q, auto& k, auto& v) { return lt::model::fusedAttention(q, k, v, o); }, 1e-5);
+    add(std::string("fused_") + lt::kernels::isaName(isa),
+        [o](auto& q, auto& k, auto& v) { return lt::kernels::fusedAttention(q, k, v, o); }, 1e-5);
   }
   add("fused_window512", [](auto& q, auto& k, auto& v) {
-    lt::model::FusedAttentionOptions o;
+    lt::kernels::FusedAttentionOptions o;
     o.documentStart = lt::model::firstVisibleKey({}, q.size(0), q.size(1), 512);
-    return lt::model::fusedAttention(q, k, v, o);
+    return lt::kernels::fusedAttention(q, k, v, o);
   }, 1e-5, 512);
-  if (lt::model::fusedAttentionBf16Supported()) {
-    lt::model::FusedAttentionOptions o;
-    o.isa = lt::model::KernelIsa::Avx512;
+  if (lt::kernels::fusedAttentionBf16Supported()) {
+    lt::kernels::FusedAttentionOptions o;
+    o.isa = lt::kernels::Isa::Avx512Bf16;
     o.bf16 = true;
-    add("fused_avx512_bf16", [o](auto& q, auto& k, auto& v) { return lt::model::fusedAttention(q, k, v, o); }, 2e-2);
+    add("fused_avx512_bf16", [o](auto& q, auto& k, auto& v) { return lt::kernels::fusedAttention(q, k, v, o); }, 2e-2);
   }
 }
 

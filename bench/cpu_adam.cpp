@@ -23,12 +23,12 @@
 #include <utility>
 #include <vector>
 
-#include "longtrain/offload/cpu_adam.h"
+#include "longtrain/kernels/cpu_adam.h"
 
 namespace {
 
-using lt::offload::AdamIsa;
-using lt::offload::AdamParams;
+using lt::kernels::Isa;
+using lt::kernels::AdamParams;
 
 constexpr int64_t kParams = int64_t{64} << 20;
 // Adam, and the in-place read-modify-write reference (p += g; m += g; v += g) that has Adam's
@@ -275,19 +275,19 @@ void BM_TorchAdamW(benchmark::State& state) {
 
 // max |p - p_scalar| after kCheckSteps steps from the benchmark's start values, with `threads`
 // threads; infinity if any of p, m, v is not finite.
-double diffFromScalar(AdamIsa isa, int threads) {
+double diffFromScalar(Isa isa, int threads) {
   const AdamParams a = benchParams();
   std::vector<float> g(kCheckParams);
   fill(g.data(), kCheckParams, 2, 0.1f, 1);
   std::vector<float> p[2], m[2], v[2];
-  const AdamIsa isas[2] = {isa, AdamIsa::Scalar};
+  const Isa isas[2] = {isa, Isa::Baseline};
   for (int k = 0; k < 2; ++k) {
     p[k].resize(kCheckParams);
     fill(p[k].data(), kCheckParams, 1, 1.0f, 1);
     m[k].assign(kCheckParams, 0.0f);
     v[k].assign(kCheckParams, 0.0f);
     for (int s = 1; s <= kCheckSteps; ++s) {
-      lt::offload::adamStepWith(isas[k], p[k].data(), g.data(), m[k].data(), v[k].data(),
+      lt::kernels::adamStepWith(isas[k], p[k].data(), g.data(), m[k].data(), v[k].data(),
                                 kCheckParams, s, a, k == 0 ? threads : 1);
     }
   }
@@ -302,14 +302,14 @@ double diffFromScalar(AdamIsa isa, int threads) {
   return worst;
 }
 
-void BM_Ours(benchmark::State& state, AdamIsa isa) {
+void BM_Ours(benchmark::State& state, Isa isa) {
   const int threads = threadsOf(state);
   AdamArrays& arr = AdamArrays::get(hugeOf(state));
   arr.reset();  // also the first touch of every page, before the timed steps
   const AdamParams a = benchParams();
   int64_t step = 0;
   const double seconds = timeIterations(state, [&] {
-    lt::offload::adamStepWith(isa, arr.p.get(), arr.g.get(), arr.m.get(), arr.v.get(), kParams,
+    lt::kernels::adamStepWith(isa, arr.p.get(), arr.g.get(), arr.m.get(), arr.v.get(), kParams,
                               ++step, a, threads);
   });
   if (!allFinite(arr.p.get(), kParams) || !allFinite(arr.m.get(), kParams) ||
@@ -328,7 +328,7 @@ void BM_Ours(benchmark::State& state, AdamIsa isa) {
 
 // The step with a bf16 copy of the master (adamStepBf16 with pMaster): the master must equal the
 // fp32 kernel's bit for bit and the copy be its rounding (c10::BFloat16's), checked on a slice.
-bool bf16CopyMatches(AdamIsa isa, int threads) {
+bool bf16CopyMatches(Isa isa, int threads) {
   const AdamParams a = benchParams();
   const int64_t n = kCheckParams;
   std::vector<float> g(n), p[2], m[2], v[2];
@@ -341,8 +341,8 @@ bool bf16CopyMatches(AdamIsa isa, int threads) {
     v[k].assign(n, 0.0f);
   }
   for (int s = 1; s <= kCheckSteps; ++s) {
-    lt::offload::adamStepBf16With(isa, copy.data(), p[0].data(), g.data(), m[0].data(), v[0].data(), n, s, a, threads);
-    lt::offload::adamStepWith(isa, p[1].data(), g.data(), m[1].data(), v[1].data(), n, s, a, threads);
+    lt::kernels::adamStepBf16With(isa, copy.data(), p[0].data(), g.data(), m[0].data(), v[0].data(), n, s, a, threads);
+    lt::kernels::adamStepWith(isa, p[1].data(), g.data(), m[1].data(), v[1].data(), n, s, a, threads);
   }
   for (int64_t i = 0; i < n; ++i)
     if (p[0][i] != p[1][i] || m[0][i] != m[1][i] || v[0][i] != v[1][i] || copy[i] != c10::BFloat16(p[1][i]).x)
@@ -350,7 +350,7 @@ bool bf16CopyMatches(AdamIsa isa, int threads) {
   return true;
 }
 
-void BM_OursBf16Copy(benchmark::State& state, AdamIsa isa) {
+void BM_OursBf16Copy(benchmark::State& state, Isa isa) {
   const int threads = threadsOf(state);
   AdamArrays& arr = AdamArrays::get(hugeOf(state));
   arr.reset();
@@ -358,7 +358,7 @@ void BM_OursBf16Copy(benchmark::State& state, AdamIsa isa) {
   const AdamParams a = benchParams();
   int64_t step = 0;
   const double seconds = timeIterations(state, [&] {
-    lt::offload::adamStepBf16With(isa, copy, arr.p.get(), arr.g.get(), arr.m.get(), arr.v.get(), kParams, ++step, a,
+    lt::kernels::adamStepBf16With(isa, copy, arr.p.get(), arr.g.get(), arr.m.get(), arr.v.get(), kParams, ++step, a,
                                   threads);
   });
   if (!allFinite(arr.p.get(), kParams) || !bf16CopyMatches(isa, threads)) {
@@ -389,15 +389,15 @@ void registerAll() {
   benchmark::RegisterBenchmark("BM_Triad", BM_Triad)->Apply(perThreadCount);
   benchmark::RegisterBenchmark("BM_InPlaceRmw", BM_InPlaceRmw)->Apply(perThreadCountAndPages);
   benchmark::RegisterBenchmark("BM_TorchAdamW", BM_TorchAdamW)->Apply(perThreadCountSmallPages);
-  for (AdamIsa isa : {AdamIsa::Scalar, AdamIsa::Avx2, AdamIsa::Avx512}) {
-    if (!lt::offload::adamIsaSupported(isa)) continue;
-    const std::string name = std::string("BM_Ours_") + lt::offload::adamIsaName(isa);
+  for (Isa isa : {Isa::Baseline, Isa::Avx2, Isa::Avx512}) {
+    if (!lt::kernels::isaSupported(isa)) continue;
+    const std::string name = std::string("BM_Ours_") + lt::kernels::isaName(isa);
     benchmark::RegisterBenchmark(name.c_str(), BM_Ours, isa)
-        ->Apply(isa == AdamIsa::Scalar ? perThreadCountSmallPages : perThreadCountAndPages);
+        ->Apply(isa == Isa::Baseline ? perThreadCountSmallPages : perThreadCountAndPages);
   }
-  for (AdamIsa isa : {AdamIsa::Avx2, AdamIsa::Avx512}) {
-    if (!lt::offload::adamIsaSupported(isa)) continue;
-    const std::string name = std::string("BM_Ours_bf16_copy_") + lt::offload::adamIsaName(isa);
+  for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
+    if (!lt::kernels::isaSupported(isa)) continue;
+    const std::string name = std::string("BM_Ours_bf16_copy_") + lt::kernels::isaName(isa);
     benchmark::RegisterBenchmark(name.c_str(), BM_OursBf16Copy, isa)->Apply(perThreadCountSmallPages);
   }
 }
@@ -408,7 +408,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   registerAll();
-  benchmark::AddCustomContext("adam_isa", lt::offload::adamIsa());
+  benchmark::AddCustomContext("adam_isa", lt::kernels::isaName(lt::kernels::isaBest()));
   benchmark::AddCustomContext("params", std::to_string(kParams));
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -1,4 +1,4 @@
-// bench/gemm_routes: the model's GEMMs on each route (model/gemm.h) at the medium e2e shape's
+// bench/gemm_routes: the model's GEMMs on each route (kernels/gemm.h) at the medium e2e shape's
 // products (4096 tokens, hidden 256, 8/4 heads, intermediate 704, vocab 1024; forward and the two
 // backward forms) and at 1024^3, in GFLOP/s. Routes: ATen's fp32 (OpenBLAS, with whatever kernel
 // OPENBLAS_CORETYPE pins), oneDNN's sgemm, and bf16 (oneDNN's matmul, fp32 result) twice: on
@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "longtrain/core/cpu.h"
-#include "longtrain/model/gemm.h"
+#include "longtrain/kernels/gemm.h"
 
 namespace {
 
-using lt::model::GemmRoute;
+using lt::kernels::GemmRoute;
 
 struct Shape {
   const char* name;
@@ -70,10 +70,10 @@ void run(benchmark::State& state, const Shape& s, Mode m) {
   auto out = at::empty({s.M, s.N});
   auto product = [&] {
     switch (m) {
-      case Mode::Blas: return lt::model::matmulInto(out, a, s.transA, b, s.transB, GemmRoute::Blas);
-      case Mode::OneDnn: return lt::model::matmulInto(out, a, s.transA, b, s.transB, GemmRoute::OneDnn);
-      case Mode::Bf16Kernel: return lt::model::matmulInto(out, a16, s.transA, b16, s.transB, GemmRoute::Bf16);
-      case Mode::Bf16Converting: return lt::model::matmulInto(out, a, s.transA, b, s.transB, GemmRoute::Bf16);
+      case Mode::Blas: return lt::kernels::matmulInto(out, a, s.transA, b, s.transB, GemmRoute::Blas);
+      case Mode::OneDnn: return lt::kernels::matmulInto(out, a, s.transA, b, s.transB, GemmRoute::OneDnn);
+      case Mode::Bf16Kernel: return lt::kernels::matmulInto(out, a16, s.transA, b16, s.transB, GemmRoute::Bf16);
+      case Mode::Bf16Converting: return lt::kernels::matmulInto(out, a, s.transA, b, s.transB, GemmRoute::Bf16);
     }
   };
   product();

@@ -16,13 +16,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "longtrain/model/fused_ops.h"
+#include "longtrain/kernels/fused_ops.h"
+#include "longtrain/kernels/pointwise_kernels.h"
 #include "longtrain/model/model.h"
-#include "longtrain/model/pointwise_kernels.h"
 
 namespace {
 
@@ -45,7 +46,7 @@ double copyBandwidth() {
 
 std::vector<at::Tensor> rmsStep(bool fused, const at::Tensor& x0, const at::Tensor& w0, const at::Tensor& up) {
   auto x = x0.detach().requires_grad_(true), w = w0.detach().requires_grad_(true);
-  auto y = fused ? lt::model::fusedRmsNorm(x, w, 1e-5) : lt::model::rmsNorm(x, w, 1e-5);
+  auto y = fused ? lt::kernels::fusedRmsNorm(x, w, 1e-5) : lt::model::rmsNorm(x, w, 1e-5);
   y.backward(up);
   return {y.detach(), x.grad(), w.grad()};
 }
@@ -53,7 +54,7 @@ std::vector<at::Tensor> rmsStep(bool fused, const at::Tensor& x0, const at::Tens
 std::vector<at::Tensor> swigluStep(bool fused, const at::Tensor& gu0, const at::Tensor&, const at::Tensor& up) {
   auto gu = gu0.detach().requires_grad_(true);
   const int64_t F = gu.size(-1) / 2;
-  auto h = fused ? lt::model::fusedSwiglu(gu) : at::silu(gu.narrow(-1, 0, F)) * gu.narrow(-1, F, F);
+  auto h = fused ? lt::kernels::fusedSwiglu(gu) : at::silu(gu.narrow(-1, 0, F)) * gu.narrow(-1, F, F);
   h.backward(up);
   return {h.detach(), gu.grad()};
 }
@@ -101,9 +102,10 @@ struct Pass {
 constexpr Pass kPasses[] = {{"rmsnorm_fwd", 2}, {"rmsnorm_bwd", 3}, {"swiglu_fwd", 3}, {"swiglu_bwd", 5}, {"rope", 2}};
 
 void runPass(benchmark::State& state, int which) {
-  namespace pd = lt::model::pointwise_detail;
+  namespace pd = lt::kernels::pointwise_detail;
   static const pd::Kernels table[] = {pd::kernels_baseline(), pd::kernels_avx2(), pd::kernels_avx512()};
-  const pd::Kernels& k = table[static_cast<int>(lt::model::kernelBestIsa())];
+  constexpr lt::kernels::Isa kBuilds[] = {lt::kernels::Isa::Baseline, lt::kernels::Isa::Avx2, lt::kernels::Isa::Avx512};
+  const pd::Kernels& k = table[static_cast<int>(lt::kernels::isaAtMost(lt::kernels::isaBest(), std::begin(kBuilds), std::end(kBuilds)))];
   const int64_t rows = state.range(0), width = state.range(1);  // width: D, F, or H x Dh for RoPE
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
   auto a = at::randn({rows, 2 * width}, gen), b = at::randn({rows, 2 * width}, gen), c = at::randn({rows, width}, gen);
@@ -150,7 +152,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   at::set_num_threads(static_cast<int>(std::thread::hardware_concurrency()));  // as a 1-rank run (train.threads 0)
   std::printf("threads %d, copy bandwidth (read + write) %.1f GB/s, kernels %s\n", at::get_num_threads(),
-              copyBandwidth() * 1e-9, lt::model::kernelIsaName(lt::model::kernelBestIsa()));
+              copyBandwidth() * 1e-9, lt::kernels::isaName(lt::kernels::isaBest()));
   for (const char* kind : {"rmsnorm", "swiglu"})
     for (bool fused : {false, true}) {
       const std::string name = std::string(kind) + (fused ? "_fused" : "_aten");

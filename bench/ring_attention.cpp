@@ -23,7 +23,7 @@
 
 #include "longtrain/comm/comm.h"
 #include "longtrain/core/check.h"
-#include "longtrain/model/fused_attention.h"
+#include "longtrain/kernels/fused_attention.h"
 #include "longtrain/sp/layout.h"
 #include "longtrain/sp/ring_attention.h"
 
@@ -76,7 +76,7 @@ Result run(const Shape& s, const lt::config::ParallelLayout& l, int iters, int64
       auto g = lt::comm::makeGroups(store, r, l.P, l.P, o, {}, l.R);
       double seconds = 0;
       auto core = [](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, const at::Tensor&) {
-        return lt::model::fusedAttention(a, b, c);
+        return lt::kernels::fusedAttention(a, b, c);
       };
       auto attn = lt::sp::sequenceParallelAttention(g.spUlysses, g.spRing, l, r, core, chunk, &seconds);
       auto idx = lt::sp::tokenIndex(l, r, s.S / l.P);
@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
   at::Tensor ref;
   {
     at::NoGradGuard ng;
-    ref = lt::model::fusedAttention(q, k, v);
+    ref = lt::kernels::fusedAttention(q, k, v);
   }
   std::printf("| P | layout | MiB received/rank | step s (fwd+bwd) | ring tile s max/min per rank | causal pairs max/min | max abs err |\n");
   std::printf("|---|---|---|---|---|---|---|\n");

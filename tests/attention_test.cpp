@@ -11,14 +11,14 @@
 #include <tuple>
 #include <vector>
 
+#include "longtrain/kernels/fused_attention.h"
 #include "longtrain/model/attention.h"
-#include "longtrain/model/fused_attention.h"
 #include "longtrain/model/model.h"
 #include "testing.h"
 
 namespace {
 
-using lt::model::KernelIsa;
+using lt::kernels::Isa;
 using lt::testing::relErr;
 using lt::testing::Tol;
 
@@ -52,10 +52,10 @@ void expectClose(const Grads& got, const Grads& ref, const std::string& what) {
   EXPECT_LE(relErr(got.dv, ref.dv), Tol::kFusedKernel) << what << " dv";
 }
 
-std::vector<KernelIsa> supportedIsas() {
-  std::vector<KernelIsa> out;
-  for (auto isa : {KernelIsa::Baseline, KernelIsa::Avx2, KernelIsa::Avx512})
-    if (lt::model::kernelIsaSupported(isa)) out.push_back(isa);
+std::vector<Isa> supportedIsas() {
+  std::vector<Isa> out;
+  for (auto isa : {Isa::Baseline, Isa::Avx2, Isa::Avx512})
+    if (lt::kernels::isaSupported(isa)) out.push_back(isa);
   return out;
 }
 
@@ -67,9 +67,9 @@ const std::vector<Case> kCases = {
     {1, 1, 2, 1, 8, 0},     {1, 40, 16, 2, 128, 32}, {3, 9, 2, 2, 2, 4},
 };
 
-std::string describe(const Case& c, KernelIsa isa) {
+std::string describe(const Case& c, Isa isa) {
   auto [B, S, H, KV, D, T] = c;
-  return std::string(lt::model::kernelIsaName(isa)) + " B" + std::to_string(B) + " S" + std::to_string(S) + " H" +
+  return std::string(lt::kernels::isaName(isa)) + " B" + std::to_string(B) + " S" + std::to_string(S) + " H" +
          std::to_string(H) + "/" + std::to_string(KV) + " D" + std::to_string(D) + " tile" + std::to_string(T);
 }
 
@@ -81,10 +81,10 @@ TEST(FusedAttention, EqualsNaiveForEveryIsaShapeAndGqaRatio) {
     auto up = at::randn({B, S, H, D}, gen);
     auto ref = runWithGrads(q, k, v, up, [](auto& a, auto& b, auto& c) { return lt::model::causalAttention(a, b, c); });
     for (auto isa : supportedIsas()) {
-      lt::model::FusedAttentionOptions o;
+      lt::kernels::FusedAttentionOptions o;
       o.tile = T;
       o.isa = isa;
-      auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& cc) { return lt::model::fusedAttention(a, b, cc, o); });
+      auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& cc) { return lt::kernels::fusedAttention(a, b, cc, o); });
       expectClose(got, ref, describe(c, isa));
     }
   }
@@ -96,9 +96,9 @@ TEST(FusedAttention, SharpSoftmaxAcrossTiles) {
   auto q = at::randn({1, 150, 2, 16}, gen) * 6, k = at::randn({1, 150, 2, 16}, gen) * 6;
   auto v = at::randn({1, 150, 2, 16}, gen), up = at::randn({1, 150, 2, 16}, gen);
   auto ref = runWithGrads(q, k, v, up, [](auto& a, auto& b, auto& c) { return lt::model::causalAttention(a, b, c); });
-  lt::model::FusedAttentionOptions o;
+  lt::kernels::FusedAttentionOptions o;
   o.tile = 16;
-  auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return lt::model::fusedAttention(a, b, c, o); });
+  auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return lt::kernels::fusedAttention(a, b, c, o); });
   expectClose(got, ref, "sharp");
 }
 
@@ -123,17 +123,17 @@ TEST(FusedAttention, DocumentMaskEqualsDenseMaskedSoftmax) {
   auto ref = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return maskedReference(a, b, c, start); });
   for (auto isa : supportedIsas())
     for (int64_t tile : {16, 7}) {
-      lt::model::FusedAttentionOptions o;
+      lt::kernels::FusedAttentionOptions o;
       o.documentStart = start;
       o.tile = tile;
       o.isa = isa;
-      auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return lt::model::fusedAttention(a, b, c, o); });
-      expectClose(got, ref, std::string("documents ") + lt::model::kernelIsaName(isa) + " tile " + std::to_string(tile));
+      auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return lt::kernels::fusedAttention(a, b, c, o); });
+      expectClose(got, ref, std::string("documents ") + lt::kernels::isaName(isa) + " tile " + std::to_string(tile));
     }
   // One document spanning the row is plain causal attention, bit for bit.
-  lt::model::FusedAttentionOptions one;
+  lt::kernels::FusedAttentionOptions one;
   one.documentStart = at::zeros({B, S}, at::kLong);
-  auto a = lt::model::fusedAttention(q, k, v, one), b = lt::model::fusedAttention(q, k, v);
+  auto a = lt::kernels::fusedAttention(q, k, v, one), b = lt::kernels::fusedAttention(q, k, v);
   EXPECT_TRUE(at::equal(a, b));
 }
 
@@ -160,12 +160,12 @@ TEST(FusedAttention, SlidingWindowEqualsNaiveInEveryCore) {
         EXPECT_GT(relErr(ref.out, plain), 1e-3) << what;
       }
       for (auto isa : supportedIsas()) {
-        lt::model::FusedAttentionOptions o;
+        lt::kernels::FusedAttentionOptions o;
         o.tile = tile;
         o.isa = isa;
         o.documentStart = lt::model::firstVisibleKey(pos, B, S, w);
-        auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return lt::model::fusedAttention(a, b, c, o); });
-        expectClose(got, ref, what + " fused " + lt::model::kernelIsaName(isa));
+        auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return lt::kernels::fusedAttention(a, b, c, o); });
+        expectClose(got, ref, what + " fused " + lt::kernels::isaName(isa));
       }
       auto chunked = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) {
         return lt::model::chunkedAttention(a, b, c, tile, pos, w);
@@ -179,7 +179,7 @@ TEST(FusedAttention, BitIdenticalAcrossThreadCounts) {
   auto q = at::randn({2, 200, 4, 16}, gen), k = at::randn({2, 200, 2, 16}, gen), v = at::randn({2, 200, 2, 16}, gen);
   auto up = at::randn({2, 200, 4, 16}, gen);
   const int before = at::get_num_threads();
-  auto fused = [](auto& a, auto& b, auto& c) { return lt::model::fusedAttention(a, b, c); };
+  auto fused = [](auto& a, auto& b, auto& c) { return lt::kernels::fusedAttention(a, b, c); };
   at::set_num_threads(1);
   auto one = runWithGrads(q, k, v, up, fused);
   at::set_num_threads(2);
@@ -196,20 +196,20 @@ TEST(FusedAttention, BitIdenticalAcrossThreadCounts) {
 // lengths, whose last pair is padded), GQA ratio and the document mask; and measurably not the fp32
 // kernel (a dispatch that silently ran fp32 would pass the tolerance otherwise).
 TEST(FusedAttention, Bf16ProductsEqualNaiveWithinBf16Rounding) {
-  if (!lt::model::fusedAttentionBf16Supported()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  if (!lt::kernels::fusedAttentionBf16Supported()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
   auto gen = at::make_generator<at::CPUGeneratorImpl>(15);
   auto check = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& start,
                    int64_t tile, const std::string& what) {
     auto up = at::randn(q.sizes(), gen);
-    lt::model::FusedAttentionOptions o;
+    lt::kernels::FusedAttentionOptions o;
     o.tile = tile;
     o.documentStart = start;
     auto ref = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) {
       return start.defined() ? maskedReference(a, b, c, start) : lt::model::causalAttention(a, b, c);
     });
-    auto fp32 = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return lt::model::fusedAttention(a, b, c, o); });
+    auto fp32 = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return lt::kernels::fusedAttention(a, b, c, o); });
     o.bf16 = true;
-    auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return lt::model::fusedAttention(a, b, c, o); });
+    auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& c) { return lt::kernels::fusedAttention(a, b, c, o); });
     const std::vector<std::pair<at::Tensor, at::Tensor>> pairs = {
         {got.out, ref.out}, {got.dq, ref.dq}, {got.dk, ref.dk}, {got.dv, ref.dv}};
     const char* names[] = {"output", "dq", "dk", "dv"};
@@ -220,7 +220,7 @@ TEST(FusedAttention, Bf16ProductsEqualNaiveWithinBf16Rounding) {
   for (const auto& c : kCases) {
     auto [B, S, H, KV, D, T] = c;
     auto q = at::randn({B, S, H, D}, gen), k = at::randn({B, S, KV, D}, gen), v = at::randn({B, S, KV, D}, gen);
-    check(q, k, v, at::Tensor(), T, describe(c, KernelIsa::Avx512) + " bf16");
+    check(q, k, v, at::Tensor(), T, describe(c, Isa::Avx512Bf16));
   }
   const int64_t B = 1, S = 75, H = 4, KV = 2, D = 16;
   auto pos = at::cat({at::arange(20, at::kLong), at::arange(1, at::kLong), at::arange(54, at::kLong)}).view({B, S});
@@ -230,20 +230,20 @@ TEST(FusedAttention, Bf16ProductsEqualNaiveWithinBf16Rounding) {
 
 TEST(FusedAttention, BadArgumentsAreNamed) {
   auto q = at::randn({1, 8, 4, 8}), k = at::randn({1, 8, 3, 8});
-  EXPECT_NE(lt::testing::errorOf([&] { lt::model::fusedAttention(q, k, k); }).find("not a multiple of 3 kv heads"),
+  EXPECT_NE(lt::testing::errorOf([&] { lt::kernels::fusedAttention(q, k, k); }).find("not a multiple of 3 kv heads"),
             std::string::npos);
-  lt::model::FusedAttentionOptions o;
+  lt::kernels::FusedAttentionOptions o;
   o.documentStart = at::full({1, 8}, 5, at::kLong);  // row 0 cannot start at 5
   auto kv = at::randn({1, 8, 2, 8});
-  EXPECT_NE(lt::testing::errorOf([&] { lt::model::fusedAttention(q, kv, kv, o); }).find("must lie in [0, s]"),
+  EXPECT_NE(lt::testing::errorOf([&] { lt::kernels::fusedAttention(q, kv, kv, o); }).find("must lie in [0, s]"),
             std::string::npos);
   o.documentStart = at::tensor(std::vector<int64_t>{0, 1, 0, 0, 0, 0, 0, 0}).view({1, 8});
-  EXPECT_NE(lt::testing::errorOf([&] { lt::model::fusedAttention(q, kv, kv, o); }).find("non-decreasing"),
+  EXPECT_NE(lt::testing::errorOf([&] { lt::kernels::fusedAttention(q, kv, kv, o); }).find("non-decreasing"),
             std::string::npos);
-  lt::model::FusedAttentionOptions bf16;  // bf16 products exist only in the AVX-512 build
+  lt::kernels::FusedAttentionOptions bf16;  // bf16 products exist only in the avx512bf16 build
   bf16.bf16 = true;
-  bf16.isa = KernelIsa::Baseline;
-  EXPECT_NE(lt::testing::errorOf([&] { lt::model::fusedAttention(q, kv, kv, bf16); }).find("bf16 products need"),
+  bf16.isa = Isa::Baseline;
+  EXPECT_NE(lt::testing::errorOf([&] { lt::kernels::fusedAttention(q, kv, kv, bf16); }).find("bf16 products need"),
             std::string::npos);
 }
 

@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "longtrain/model/fused_attention.h"
+#include "longtrain/kernels/fused_attention.h"
 #include "testing.h"
 
 namespace {
@@ -43,7 +43,7 @@ TEST(Bf16, LossesTrackFp32OverFiftySteps) {
   auto fp32Attention = lt::testing::trainOnRanks(j, 1, 1, 50)[0];
   for (int s = 0; s < 50; ++s)
     EXPECT_LE(std::abs(fp32Attention.losses[s] - fp32.losses[s]) / fp32.losses[s], Tol::kBf16Loss) << "step " << s;
-  if (lt::model::fusedAttentionBf16Supported()) {
+  if (lt::kernels::fusedAttentionBf16Supported()) {
     EXPECT_NE(fp32Attention.losses[5], bf16.losses[5]);
   }
 }

@@ -11,20 +11,21 @@
 #include <string>
 #include <vector>
 
-#include "longtrain/model/fused_ops.h"
+#include "longtrain/kernels/fused_ops.h"
+#include "longtrain/model/attention.h"
 #include "longtrain/model/model.h"
 #include "testing.h"
 
 namespace {
 
-using lt::model::KernelIsa;
+using lt::kernels::Isa;
 using lt::testing::relErr;
 using lt::testing::Tol;
 
-std::vector<KernelIsa> supportedIsas() {
-  std::vector<KernelIsa> out;
-  for (auto isa : {KernelIsa::Baseline, KernelIsa::Avx2, KernelIsa::Avx512})
-    if (lt::model::kernelIsaSupported(isa)) out.push_back(isa);
+std::vector<Isa> supportedIsas() {
+  std::vector<Isa> out;
+  for (auto isa : {Isa::Baseline, Isa::Avx2, Isa::Avx512})
+    if (lt::kernels::isaSupported(isa)) out.push_back(isa);
   return out;
 }
 
@@ -42,9 +43,9 @@ TEST(FusedOps, RmsNormEqualsAten) {
     (ref * up).sum().backward();
     for (auto isa : supportedIsas()) {
       auto xf = x0.clone().requires_grad_(true), wf = w0.clone().requires_grad_(true);
-      auto got = lt::model::fusedRmsNorm(xf, wf, 1e-5, isa);
+      auto got = lt::kernels::fusedRmsNorm(xf, wf, 1e-5, isa);
       (got * up).sum().backward();
-      const std::string what = std::string(lt::model::kernelIsaName(isa)) + " " + std::to_string(rows) + "x" +
+      const std::string what = std::string(lt::kernels::isaName(isa)) + " " + std::to_string(rows) + "x" +
                                std::to_string(D);
       EXPECT_LE(relErr(got, ref), Tol::kFusedKernel) << what;
       EXPECT_LE(relErr(xf.grad(), x.grad()), Tol::kFusedKernel) << what;
@@ -62,9 +63,9 @@ TEST(FusedOps, SwigluEqualsAten) {
     (ref * up).sum().backward();
     for (auto isa : supportedIsas()) {
       auto g = gu0.clone().requires_grad_(true);
-      auto got = lt::model::fusedSwiglu(g, isa);
+      auto got = lt::kernels::fusedSwiglu(g, isa);
       (got * up).sum().backward();
-      const std::string what = std::string(lt::model::kernelIsaName(isa)) + " " + std::to_string(rows) + "x" +
+      const std::string what = std::string(lt::kernels::isaName(isa)) + " " + std::to_string(rows) + "x" +
                                std::to_string(F);
       EXPECT_LE(relErr(got, ref), Tol::kFusedKernel) << what;
       EXPECT_LE(relErr(g.grad(), gu.grad()), Tol::kFusedKernel) << what;
@@ -72,7 +73,7 @@ TEST(FusedOps, SwigluEqualsAten) {
   }
   // Large |gate|: exp's clamp keeps silu finite and exact at the ends (silu(-100) ~ 0, silu(100) = 100).
   auto ends = at::tensor(std::vector<float>{-100, 100, 1, 1}).view({1, 4});
-  auto h = lt::model::fusedSwiglu(ends);
+  auto h = lt::kernels::fusedSwiglu(ends);
   EXPECT_NEAR(h[0][0].item<float>(), 0.0f, 1e-30);
   EXPECT_FLOAT_EQ(h[0][1].item<float>(), 100.0f);
 }
@@ -88,15 +89,15 @@ TEST(FusedOps, SwigluSavingBf16IsTheGradientAtTheRoundedInput) {
     (swigluReference(rounded) * up).sum().backward();
     for (auto isa : supportedIsas()) {
       auto g = gu0.clone().requires_grad_(true);
-      auto got = lt::model::fusedSwiglu(g, isa, /*saveBf16=*/true);
+      auto got = lt::kernels::fusedSwiglu(g, isa, /*saveBf16=*/true);
       (got * up).sum().backward();
-      const std::string what = std::string(lt::model::kernelIsaName(isa)) + " " + std::to_string(rows) + "x" +
+      const std::string what = std::string(lt::kernels::isaName(isa)) + " " + std::to_string(rows) + "x" +
                                std::to_string(F);
-      EXPECT_TRUE(at::equal(got, lt::model::fusedSwiglu(gu0, isa))) << what;
+      EXPECT_TRUE(at::equal(got, lt::kernels::fusedSwiglu(gu0, isa))) << what;
       EXPECT_LE(relErr(g.grad(), rounded.grad()), Tol::kFusedKernel) << what;
       // and not the fp32 gradient: the rounding shows
       auto exact = gu0.clone().requires_grad_(true);
-      (lt::model::fusedSwiglu(exact, isa) * up).sum().backward();
+      (lt::kernels::fusedSwiglu(exact, isa) * up).sum().backward();
       EXPECT_GT(relErr(g.grad(), exact.grad()), 1e-4) << what;
     }
   }
@@ -116,9 +117,9 @@ TEST(FusedOps, RopeEqualsAtenFromAStridedSlice) {
     const auto table = lt::model::ropeTable(pos, Dh, 10000.0);
     for (auto isa : supportedIsas()) {
       auto w = wide0.clone().requires_grad_(true);
-      auto got = lt::model::fusedRope(w.narrow(-1, width, width).reshape({B, S, H, Dh}), table, isa);
+      auto got = lt::kernels::fusedRope(w.narrow(-1, width, width).reshape({B, S, H, Dh}), table, isa);
       (got * up).sum().backward();
-      const std::string what = std::string(lt::model::kernelIsaName(isa)) + " H" + std::to_string(H) + " Dh" +
+      const std::string what = std::string(lt::kernels::isaName(isa)) + " H" + std::to_string(H) + " Dh" +
                                std::to_string(Dh);
       EXPECT_LE(relErr(got, ref), Tol::kFusedKernel) << what;
       EXPECT_LE(relErr(w.grad(), wide.grad()), Tol::kFusedKernel) << what;
@@ -134,7 +135,7 @@ TEST(FusedOps, RmsNormWeightGradientIsTheSameAtAnyThreadCount) {
   for (int t : {1, 2}) {
     at::set_num_threads(t);
     auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
-    (lt::model::fusedRmsNorm(x, w, 1e-5) * up).sum().backward();
+    (lt::kernels::fusedRmsNorm(x, w, 1e-5) * up).sum().backward();
     dw.push_back(w.grad());
   }
   at::set_num_threads(before);

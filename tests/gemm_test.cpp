@@ -1,4 +1,4 @@
-// The GEMM routes (model/gemm.h): oneDNN's sgemm under autograd against ATen's at::linear, its
+// The GEMM routes (kernels/gemm.h): oneDNN's sgemm under autograd against ATen's at::linear, its
 // numerics against a double-precision loop, and a whole training run on each route; the bf16
 // route against fp32 products of the same bf16-rounded operands, and its rounding against c10's.
 #include <gtest/gtest.h>
@@ -9,8 +9,8 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "longtrain/config/parse.h"
-#include "longtrain/model/fused_ops.h"
-#include "longtrain/model/gemm.h"
+#include "longtrain/kernels/fused_ops.h"
+#include "longtrain/kernels/gemm.h"
 #include "longtrain/train/machine.h"
 #include "testing.h"
 
@@ -20,7 +20,7 @@ using lt::testing::relErr;
 using lt::testing::Tol;
 
 TEST(OneDnnGemm, ComputesRightAgainstADoubleLoop) {
-  EXPECT_LE(lt::train::gemmRelativeError(lt::model::GemmRoute::OneDnn), Tol::kBlasKernel);
+  EXPECT_LE(lt::train::gemmRelativeError(lt::kernels::GemmRoute::OneDnn), Tol::kBlasKernel);
 }
 
 // Forward and both gradients equal at::linear's at odd shapes, with leading dims, a
@@ -41,7 +41,7 @@ TEST(OneDnnGemm, LinearEqualsATenForwardAndBackward) {
     const auto dy = at::randn([&] { auto s = c.x; s.back() = c.n; return s; }());
     auto grads = [&](bool oneDnn, bool inputGrad) {
       auto xi = x.detach().requires_grad_(inputGrad), wi = w.detach().requires_grad_(true);
-      auto y = oneDnn ? lt::model::oneDnnLinear(xi, wi) : at::linear(xi, wi);
+      auto y = oneDnn ? lt::kernels::oneDnnLinear(xi, wi) : at::linear(xi, wi);
       y.backward(dy);
       return std::vector<at::Tensor>{y.detach(), inputGrad ? xi.grad() : at::Tensor(), wi.grad()};
     };
@@ -66,14 +66,14 @@ TEST(Bf16Gemm, ConversionRoundsAsC10) {
                                 std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
                                 std::numeric_limits<float>::quiet_NaN(), 1.00390625f, 1.01171875f})});
   const float* xp = x.data_ptr<float>();
-  for (auto isa : {lt::model::KernelIsa::Baseline, lt::model::KernelIsa::Avx2, lt::model::KernelIsa::Avx512}) {
-    if (!lt::model::kernelIsaSupported(isa)) continue;
-    const auto got = lt::model::toBf16(x, isa);
+  for (auto isa : {lt::kernels::Isa::Baseline, lt::kernels::Isa::Avx2, lt::kernels::Isa::Avx512}) {
+    if (!lt::kernels::isaSupported(isa)) continue;
+    const auto got = lt::kernels::toBf16(x, isa);
     ASSERT_EQ(got.scalar_type(), at::kBFloat16);
     const auto* g = reinterpret_cast<const uint16_t*>(got.data_ptr<at::BFloat16>());
     int64_t wrong = 0;  // c10's scalar rounding (ATen's vectorized .to() writes NaN as 0xFFFF)
     for (int64_t i = 0; i < x.numel(); ++i) wrong += g[i] != c10::BFloat16(xp[i]).x;
-    EXPECT_EQ(wrong, 0) << lt::model::kernelIsaName(isa);
+    EXPECT_EQ(wrong, 0) << lt::kernels::isaName(isa);
   }
 }
 
@@ -83,9 +83,9 @@ TEST(Bf16Gemm, InPlaceConversionEqualsTheCopy) {
   at::manual_seed(5);
   for (int64_t n : {int64_t{100}, int64_t{16384}, int64_t{16385}, int64_t{200003}}) {
     const auto x = at::randn({n}) * 100;
-    const auto want = lt::model::toBf16(x);
+    const auto want = lt::kernels::toBf16(x);
     auto buffer = x.clone();
-    const auto got = lt::model::toBf16InPlace(buffer);
+    const auto got = lt::kernels::toBf16InPlace(buffer);
     ASSERT_EQ(got.sizes(), x.sizes());
     EXPECT_EQ(got.data_ptr(), buffer.data_ptr()) << n;  // no copy
     EXPECT_TRUE(at::equal(got.view(at::kShort), want.view(at::kShort))) << n;
@@ -103,13 +103,13 @@ TEST(Bf16Gemm, LinearIsFp32MathOnBf16RoundedOperands) {
   auto rounded = [](const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kFloat); };
   for (bool widened : {false, true})
   for (const auto& [xs, n] : cases) {
-    lt::model::forceWidenedBf16ForTesting(widened);
+    lt::kernels::forceWidenedBf16ForTesting(widened);
     const auto x = at::randn(xs), w = at::randn({n, xs.back()});
     auto ys = xs;
     ys.back() = n;
     const auto dy = at::randn(ys);
     auto xi = x.detach().requires_grad_(true), wi = w.detach().requires_grad_(true);
-    auto y = lt::model::linear(xi, wi, lt::model::GemmRoute::Bf16);
+    auto y = lt::kernels::linear(xi, wi, lt::kernels::GemmRoute::Bf16);
     y.backward(dy);
     const auto x2 = rounded(x).reshape({-1, xs.back()}), dy2 = rounded(dy).reshape({-1, n});
     const std::string what = std::to_string(xs.size()) + "-d x, last " + std::to_string(xs.back()) + ", n " +
@@ -119,10 +119,10 @@ TEST(Bf16Gemm, LinearIsFp32MathOnBf16RoundedOperands) {
     EXPECT_LE(relErr(xi.grad(), at::mm(dy2, rounded(w)).view(xs)), Tol::kFusedKernel) << what;
     EXPECT_LE(relErr(wi.grad(), at::mm(dy2.t(), x2)), Tol::kFusedKernel) << what;
   }
-  lt::model::forceWidenedBf16ForTesting(false);
+  lt::kernels::forceWidenedBf16ForTesting(false);
   // Not fp32 in disguise: against the unrounded operands the difference is bf16's, not fp32's.
   const auto x = at::randn({64, 96}), w = at::randn({32, 96});
-  EXPECT_GT(relErr(lt::model::linear(x, w, lt::model::GemmRoute::Bf16), at::linear(x, w)), 1e-4);
+  EXPECT_GT(relErr(lt::kernels::linear(x, w, lt::kernels::GemmRoute::Bf16), at::linear(x, w)), 1e-4);
 }
 
 // The whole model on each route: losses within the data-parallel tolerance of each other over

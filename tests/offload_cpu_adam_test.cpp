@@ -1,4 +1,4 @@
-// offload/cpu_adam: every available kernel against torch::optim::AdamW and torch::optim::Adam
+// kernels/cpu_adam: every available kernel against torch::optim::AdamW and torch::optim::Adam
 // element by element, bias correction off against a closed form, bf16 against fp32 and
 // c10::BFloat16 rounding, thread-count invariance and per-group step counts.
 #include <torch/optim/adam.h>
@@ -13,19 +13,19 @@
 #include <vector>
 
 #include "longtrain/core/check.h"
-#include "longtrain/offload/cpu_adam.h"
+#include "longtrain/kernels/cpu_adam.h"
 #include "testing.h"
 
 namespace {
 
-using lt::offload::AdamIsa;
-using lt::offload::AdamParams;
+using lt::kernels::Isa;
+using lt::kernels::AdamParams;
 
 
-std::vector<AdamIsa> availableIsas() {
-  std::vector<AdamIsa> out;
-  for (AdamIsa isa : {AdamIsa::Scalar, AdamIsa::Avx2, AdamIsa::Avx512})
-    if (lt::offload::adamIsaSupported(isa)) out.push_back(isa);
+std::vector<Isa> availableIsas() {
+  std::vector<Isa> out;
+  for (Isa isa : lt::kernels::kIsas)
+    if (lt::kernels::isaSupported(isa)) out.push_back(isa);
   return out;
 }
 
@@ -77,11 +77,11 @@ State torchRun(const AdamParams& a, const at::Tensor& p0, const std::vector<at::
   return {p.detach(), s.exp_avg(), s.exp_avg_sq()};
 }
 
-State ourRun(AdamIsa isa, const AdamParams& a, const at::Tensor& p0,
+State ourRun(Isa isa, const AdamParams& a, const at::Tensor& p0,
              const std::vector<at::Tensor>& grads, int threads = 1) {
   State s{p0.clone(), at::zeros_like(p0), at::zeros_like(p0)};
   for (size_t t = 0; t < grads.size(); ++t) {
-    lt::offload::adamStepWith(isa, fp(s.p), fp(grads[t]), fp(s.m), fp(s.v), s.p.numel(),
+    lt::kernels::adamStepWith(isa, fp(s.p), fp(grads[t]), fp(s.m), fp(s.v), s.p.numel(),
                               static_cast<int64_t>(t) + 1, a, threads);
   }
   return s;
@@ -111,10 +111,10 @@ void checkAgainstTorch(bool adamw) {
     const at::Tensor p0 = at::randn({n});
     const auto grads = randGrads(n, 10);
     const State ref = torchRun(a, p0, grads);
-    const State scalar = ourRun(AdamIsa::Scalar, a, p0, grads);
-    for (AdamIsa isa : availableIsas()) {
-      SCOPED_TRACE(::testing::Message() << lt::offload::adamIsaName(isa) << " n=" << n);
-      const State ours = isa == AdamIsa::Scalar ? scalar : ourRun(isa, a, p0, grads);
+    const State scalar = ourRun(Isa::Baseline, a, p0, grads);
+    for (Isa isa : availableIsas()) {
+      SCOPED_TRACE(::testing::Message() << lt::kernels::isaName(isa) << " n=" << n);
+      const State ours = isa == Isa::Baseline ? scalar : ourRun(isa, a, p0, grads);
       EXPECT_LE(maxAbsDiff(ours.p, ref.p), lt::testing::Tol::kAdamParamAbs);
       EXPECT_LE(maxStateErr(ours.m, ref.m), lt::testing::Tol::kAdamStateRel);
       EXPECT_LE(maxStateErr(ours.v, ref.v), lt::testing::Tol::kAdamStateRel);
@@ -129,9 +129,8 @@ TEST_F(CpuAdamTest, MatchesTorchAdamW) { checkAgainstTorch(/*adamw=*/true); }
 TEST_F(CpuAdamTest, MatchesTorchAdamWithL2) { checkAgainstTorch(/*adamw=*/false); }
 
 TEST_F(CpuAdamTest, DispatchPicksASupportedKernel) {
-  const AdamIsa best = lt::offload::adamBestIsa();
-  EXPECT_TRUE(lt::offload::adamIsaSupported(best));
-  EXPECT_STREQ(lt::offload::adamIsa(), lt::offload::adamIsaName(best));
+  const Isa best = lt::kernels::isaBest();
+  EXPECT_TRUE(lt::kernels::isaSupported(best));
   EXPECT_EQ(availableIsas().back(), best);
 }
 
@@ -158,8 +157,8 @@ TEST_F(CpuAdamTest, NoBiasCorrectionMatchesClosedForm) {
     v = (1 - std::pow(b2, t)) * gd * gd;
     p = d * p - lr * m / (v.sqrt() + eps);
   }
-  for (AdamIsa isa : availableIsas()) {
-    SCOPED_TRACE(lt::offload::adamIsaName(isa));
+  for (Isa isa : availableIsas()) {
+    SCOPED_TRACE(lt::kernels::isaName(isa));
     const State ours = ourRun(isa, a, p0, grads);
     EXPECT_LE(maxAbsDiff(ours.p, p), lt::testing::Tol::kAdamClosedForm);
     EXPECT_LE(maxStateErr(ours.m, m), lt::testing::Tol::kAdamStateRel);
@@ -168,7 +167,7 @@ TEST_F(CpuAdamTest, NoBiasCorrectionMatchesClosedForm) {
   // And bias correction on is a different trajectory (step 1 moves p by ~lr, not ~0.1 lr).
   AdamParams on = a;
   on.biasCorrection = true;
-  EXPECT_GT(maxAbsDiff(ourRun(AdamIsa::Scalar, on, p0, grads).p, p), 1e-4);
+  EXPECT_GT(maxAbsDiff(ourRun(Isa::Baseline, on, p0, grads).p, p), 1e-4);
 }
 
 uint16_t bf16Bits(float f) { return c10::BFloat16(f).x; }
@@ -200,13 +199,13 @@ TEST_F(CpuAdamTest, Bf16WithMasterEqualsFp32ThenRounding) {
   const int64_t n = 1000 + 13;
   const at::Tensor p0 = at::randn({n});
   const auto grads = randGrads(n, 5);
-  for (AdamIsa isa : availableIsas()) {
-    SCOPED_TRACE(lt::offload::adamIsaName(isa));
+  for (Isa isa : availableIsas()) {
+    SCOPED_TRACE(lt::kernels::isaName(isa));
     const State ref = ourRun(isa, a, p0, grads);
     State s{p0.clone(), at::zeros_like(p0), at::zeros_like(p0)};
     std::vector<uint16_t> pb(n, 0);
     for (size_t t = 0; t < grads.size(); ++t)
-      lt::offload::adamStepBf16With(isa, pb.data(), fp(s.p), fp(grads[t]), fp(s.m), fp(s.v), n,
+      lt::kernels::adamStepBf16With(isa, pb.data(), fp(s.p), fp(grads[t]), fp(s.m), fp(s.v), n,
                                     static_cast<int64_t>(t) + 1, a, 1);
     EXPECT_TRUE(bitEqual(s.p, ref.p));
     EXPECT_TRUE(bitEqual(s.m, ref.m));
@@ -225,17 +224,17 @@ TEST_F(CpuAdamTest, Bf16WithoutMasterRoundsEveryStep) {
   const int64_t n = 1000 + 13;
   const at::Tensor p0 = at::randn({n});
   const auto grads = randGrads(n, 5);
-  for (AdamIsa isa : availableIsas()) {
-    SCOPED_TRACE(lt::offload::adamIsaName(isa));
+  for (Isa isa : availableIsas()) {
+    SCOPED_TRACE(lt::kernels::isaName(isa));
     std::vector<uint16_t> pb(n);
     for (int64_t i = 0; i < n; ++i) pb[i] = bf16Bits(p0.data_ptr<float>()[i]);
     const std::vector<uint16_t> start = pb;
     at::Tensor m = at::zeros({n}), v = at::zeros({n}), mr = at::zeros({n}), vr = at::zeros({n});
     for (size_t t = 0; t < grads.size(); ++t) {
       at::Tensor pr = widen(pb);
-      lt::offload::adamStepWith(isa, fp(pr), fp(grads[t]), fp(mr), fp(vr), n,
+      lt::kernels::adamStepWith(isa, fp(pr), fp(grads[t]), fp(mr), fp(vr), n,
                                 static_cast<int64_t>(t) + 1, a, 1);
-      lt::offload::adamStepBf16With(isa, pb.data(), nullptr, fp(grads[t]), fp(m), fp(v), n,
+      lt::kernels::adamStepBf16With(isa, pb.data(), nullptr, fp(grads[t]), fp(m), fp(v), n,
                                     static_cast<int64_t>(t) + 1, a, 1);
       EXPECT_TRUE(at::equal(asInt32(pb), bf16Of(pr))) << "step " << t + 1;
     }
@@ -263,13 +262,13 @@ TEST_F(CpuAdamTest, Bf16RoundingMatchesC10) {
   a.lr = 0;
   a.weightDecay = 0;
   const int64_t n = 37;  // a full vector or two plus a tail on every kernel
-  for (AdamIsa isa : availableIsas()) {
-    SCOPED_TRACE(lt::offload::adamIsaName(isa));
+  for (Isa isa : availableIsas()) {
+    SCOPED_TRACE(lt::kernels::isaName(isa));
     std::vector<float> master(n), g(n, 0), m(n, 0), v(n, 0);
     for (int64_t i = 0; i < n; ++i) master[i] = special[i % special.size()];
     const std::vector<float> before = master;
     std::vector<uint16_t> pb(n, 0);
-    lt::offload::adamStepBf16With(isa, pb.data(), master.data(), g.data(), m.data(), v.data(), n,
+    lt::kernels::adamStepBf16With(isa, pb.data(), master.data(), g.data(), m.data(), v.data(), n,
                                   1, a, 1);
     for (int64_t i = 0; i < n; ++i) {
       EXPECT_EQ(pb[i], bf16Bits(before[i])) << "value " << before[i] << " at " << i;
@@ -288,8 +287,8 @@ TEST_F(CpuAdamTest, ThreadCountDoesNotChangeBits) {
   const int64_t n = (1 << 20) + 37;
   const at::Tensor p0 = at::randn({n});
   const auto grads = randGrads(n, 2);
-  for (AdamIsa isa : availableIsas()) {
-    SCOPED_TRACE(lt::offload::adamIsaName(isa));
+  for (Isa isa : availableIsas()) {
+    SCOPED_TRACE(lt::kernels::isaName(isa));
     const State one = ourRun(isa, a, p0, grads, 1);
     for (int threads : {2, 3, 4}) {
       const State many = ourRun(isa, a, p0, grads, threads);
@@ -300,8 +299,8 @@ TEST_F(CpuAdamTest, ThreadCountDoesNotChangeBits) {
     std::vector<uint16_t> b1(n), b3(n);
     at::Tensor m1 = at::zeros({n}), v1 = at::zeros({n}), m3 = at::zeros({n}), v3 = at::zeros({n});
     at::Tensor q1 = p0.clone(), q3 = p0.clone();
-    lt::offload::adamStepBf16With(isa, b1.data(), fp(q1), fp(grads[0]), fp(m1), fp(v1), n, 1, a, 1);
-    lt::offload::adamStepBf16With(isa, b3.data(), fp(q3), fp(grads[0]), fp(m3), fp(v3), n, 1, a, 3);
+    lt::kernels::adamStepBf16With(isa, b1.data(), fp(q1), fp(grads[0]), fp(m1), fp(v1), n, 1, a, 1);
+    lt::kernels::adamStepBf16With(isa, b3.data(), fp(q3), fp(grads[0]), fp(m3), fp(v3), n, 1, a, 3);
     EXPECT_EQ(b1, b3);
     EXPECT_TRUE(bitEqual(q1, q3));
   }
@@ -312,7 +311,7 @@ TEST_F(CpuAdamTest, ThreadCountDoesNotChangeBits) {
 TEST_F(CpuAdamTest, GroupsKeepOwnStateAndStepCount) {
   AdamParams a;
   a.weightDecay = 0.1f;
-  lt::offload::CpuAdam opt(a, 2);
+  lt::kernels::CpuAdam opt(a, 2);
   const int g0 = opt.addGroup(1000), g1 = opt.addGroup(333);
   EXPECT_EQ(g0, 0);
   EXPECT_EQ(g1, 1);
@@ -331,7 +330,7 @@ TEST_F(CpuAdamTest, GroupsKeepOwnStateAndStepCount) {
   EXPECT_EQ(opt.stepCount(g0), 3);
   EXPECT_EQ(opt.stepCount(g1), 1);
 
-  const AdamIsa best = lt::offload::adamBestIsa();
+  const Isa best = lt::kernels::isaBest();
   const State ref0 = ourRun(best, a, p0, grads0);
   const State ref1 = ourRun(best, a, q0, grads1);
   EXPECT_TRUE(bitEqual(p, ref0.p));
@@ -349,7 +348,7 @@ TEST_F(CpuAdamTest, GroupsKeepOwnStateAndStepCount) {
   std::memcpy(fp(v), opt.expAvgSq(g1), 333 * sizeof(float));
   AdamParams half = a;
   half.lr = 5e-4f;
-  lt::offload::adamStep(fp(r), fp(grads1[0]), fp(m), fp(v), 333, 1, half, 1);
+  lt::kernels::adamStep(fp(r), fp(grads1[0]), fp(m), fp(v), 333, 1, half, 1);
   opt.step(g1, fp(q), fp(grads1[0]));
   EXPECT_EQ(opt.stepCount(g1), 1);
   EXPECT_TRUE(bitEqual(q, r));
@@ -357,7 +356,7 @@ TEST_F(CpuAdamTest, GroupsKeepOwnStateAndStepCount) {
 
 TEST_F(CpuAdamTest, RejectsBadInput) {
   AdamParams a;
-  lt::offload::CpuAdam opt(a, 1);
+  lt::kernels::CpuAdam opt(a, 1);
   const int g = opt.addGroup(8);
   std::vector<float> p(8, 1), grad(8, 1), m(8, 0), v(8, 0);
   EXPECT_THROW(opt.step(1, p.data(), grad.data()), lt::Error);
@@ -365,18 +364,18 @@ TEST_F(CpuAdamTest, RejectsBadInput) {
   EXPECT_EQ(opt.stepCount(g), 0);  // a rejected step does not count
   EXPECT_THROW(opt.addGroup(0), lt::Error);
   EXPECT_THROW(opt.setLr(-1), lt::Error);
-  EXPECT_THROW(lt::offload::adamStep(p.data(), grad.data(), m.data(), v.data(), 8, 0, a, 1),
+  EXPECT_THROW(lt::kernels::adamStep(p.data(), grad.data(), m.data(), v.data(), 8, 0, a, 1),
                lt::Error);
   AdamParams bad = a;
   bad.beta1 = 1.0f;
-  EXPECT_THROW(lt::offload::CpuAdam(bad, 1), lt::Error);
+  EXPECT_THROW(lt::kernels::CpuAdam(bad, 1), lt::Error);
   bad = a;
   bad.eps = 0;
-  EXPECT_THROW(lt::offload::adamStep(p.data(), grad.data(), m.data(), v.data(), 8, 1, bad, 1),
+  EXPECT_THROW(lt::kernels::adamStep(p.data(), grad.data(), m.data(), v.data(), 8, 1, bad, 1),
                lt::Error);
-  for (AdamIsa isa : {AdamIsa::Avx2, AdamIsa::Avx512}) {
-    if (!lt::offload::adamIsaSupported(isa)) {
-      EXPECT_THROW(lt::offload::adamStepWith(isa, p.data(), grad.data(), m.data(), v.data(), 8,
+  for (Isa isa : {Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16}) {
+    if (!lt::kernels::isaSupported(isa)) {
+      EXPECT_THROW(lt::kernels::adamStepWith(isa, p.data(), grad.data(), m.data(), v.data(), 8,
                                              1, a, 1),
                    lt::Error);
     }
@@ -393,8 +392,8 @@ TEST_F(CpuAdamTest, SpeculativeStepCommitsBitIdenticallyAndRollsBackExactly) {
   const int64_t n = 1000;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
   auto p0 = at::randn({n}, gen), g = at::randn({n}, gen);
-  lt::offload::AdamParams ap;
-  lt::offload::CpuAdam a(ap, 1), b(ap, 1);
+  lt::kernels::AdamParams ap;
+  lt::kernels::CpuAdam a(ap, 1), b(ap, 1);
   a.addGroup(n);
   b.addGroup(n);
   auto pa = p0.clone(), pb = p0.clone(), out = at::empty({n});

@@ -9,7 +9,7 @@
 
 #include "longtrain/compile/executor.h"
 #include "longtrain/data/data.h"
-#include "longtrain/model/fused_attention.h"
+#include "longtrain/model/attention.h"
 #include "longtrain/model/model.h"
 #include "longtrain/sp/ulysses.h"
 #include "testing.h"

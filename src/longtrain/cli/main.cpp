@@ -19,27 +19,27 @@
 #include <sstream>
 #include <thread>
 
-#include "longtrain/cli/eval_command.h"
 #include "longtrain/ckpt/checkpoint.h"
 #include "longtrain/ckpt/hf_llama.h"
-#include "longtrain/config/token_sidecar.h"
-#include "longtrain/data/tokenizer.h"
+#include "longtrain/cli/eval_command.h"
 #include "longtrain/comm/binding.h"
 #include "longtrain/comm/comm.h"
 #include "longtrain/comm/identity.h"
 #include "longtrain/comm/launch.h"
+#include "longtrain/config/parse.h"
+#include "longtrain/config/token_sidecar.h"
 #include "longtrain/core/check.h"
 #include "longtrain/core/cpu.h"
 #include "longtrain/core/memory.h"
 #include "longtrain/core/phase.h"
 #include "longtrain/core/stop.h"
 #include "longtrain/core/strings.h"
+#include "longtrain/data/tokenizer.h"
+#include "longtrain/kernels/isa.h"
 #include "longtrain/model/generate.h"
-#include "longtrain/model/kernel_isa.h"
 #include "longtrain/offload/activation_file.h"
 #include "longtrain/plan/memory_model.h"
 #include "longtrain/report/plot.h"
-#include "longtrain/config/parse.h"
 #include "longtrain/train/machine.h"
 #include "longtrain/train/trainer.h"
 
@@ -324,15 +324,15 @@ int cmdInfo(int threads) {
   std::printf("gemm peak: %.1f GFLOP/s (fp32 through the BLAS, 1024^3, best of several)\n",
               lt::train::measureGemmPeakFlops() / 1e9);
   std::printf("gemm peak onednn: %.1f GFLOP/s (fp32, oneDNN's sgemm; model.gemm \"auto\" takes it where the BLAS kernel is below the CPU)\n",
-              lt::train::measureGemmPeakFlops(lt::model::GemmRoute::OneDnn) / 1e9);
+              lt::train::measureGemmPeakFlops(lt::kernels::GemmRoute::OneDnn) / 1e9);
   std::printf("gemm peak bf16: %.1f GFLOP/s (oneDNN's bf16 matmul, fp32 result; bf16.enabled uses it only where it is faster)\n",
-              lt::train::measureGemmPeakFlops(lt::model::GemmRoute::Bf16) / 1e9);
-  std::printf("fused kernels: %s (attention, RMSNorm, SwiGLU)\n", lt::model::kernelIsaName(lt::model::kernelBestIsa()));
+              lt::train::measureGemmPeakFlops(lt::kernels::GemmRoute::Bf16) / 1e9);
+  std::printf("fused kernels: %s (attention, RMSNorm, SwiGLU)\n", lt::kernels::isaName(lt::kernels::isaBest()));
   const double err = lt::train::gemmRelativeError();
   std::printf("gemm relative error: %.3g (against a double-precision loop; fp32 expects < 1e-5)\n", err);
   LT_CHECK(err < 1e-5, "the BLAS kernel ", blas.core, " computes wrong results here (relative error ", err,
            "); set OPENBLAS_CORETYPE to an older kernel (e.g. Haswell or Prescott)");
-  const double oneDnnErr = lt::train::gemmRelativeError(lt::model::GemmRoute::OneDnn);
+  const double oneDnnErr = lt::train::gemmRelativeError(lt::kernels::GemmRoute::OneDnn);
   std::printf("gemm relative error onednn: %.3g\n", oneDnnErr);
   LT_CHECK(oneDnnErr < 1e-5, "oneDNN's sgemm computes wrong results here (relative error ", oneDnnErr,
            "); set model.gemm=\"blas\"");

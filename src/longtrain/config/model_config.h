@@ -35,7 +35,7 @@ struct ModelConfig {
   // and whose safetensors give the initial weights ("" : random init from the seed).
   std::string initFrom;
   int64_t maxPositions = 0;  // max_position_embeddings of init_from (0: unknown); recorded on export
-  // The attention core: "fused" (model/fused_attention.h, the default), "chunked" or "naive";
+  // The attention core: "fused" (kernels/fused_attention.h, the default), "chunked" or "naive";
   // the last two are the references the fused kernel is tested against.
   std::string attention = "fused";
   int64_t attentionChunk = 0;  // tile edge of "fused" and "chunked"; 0: theirs (128) / 256

@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 
-namespace lt::model::attn_detail {
+namespace lt::kernels::attn_detail {
 
 // q, out [B, S, H, D]; k, v [B, S, KV, D] (row-major, contiguous); kt, vt [B, KV, D, S] (the
 // transposes); lse [B, H, S]; start [B, S]: the first key column row s may attend to (its
@@ -51,4 +51,4 @@ LT_ATTN_DECLARE(avx512)
 LT_ATTN_DECLARE(avx512bf16)  // AVX-512 F + AVX512_BF16: tile products on bf16 operands
 #undef LT_ATTN_DECLARE
 
-}  // namespace lt::model::attn_detail
+}  // namespace lt::kernels::attn_detail

@@ -4,4 +4,4 @@
 #define LT_ATTN_ISA avx512bf16
 #define LT_SIMD_WIDTH 16
 #define LT_ATTN_BF16 1
-#include "longtrain/model/attention_kernels.inc"
+#include "longtrain/kernels/attention_kernels.inc"

@@ -1,18 +1,18 @@
 // CPU Adam: checks, per-step scalars, run-time ISA dispatch, the thread split, the scalar
 // reference kernel and CpuAdam's per-sub-group state. Non-obvious: this file has baseline flags
 // and no intrinsics; the SIMD kernels have their own -m flags and are reached only from here.
-#include "longtrain/offload/cpu_adam.h"
+#include "longtrain/kernels/cpu_adam.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <thread>
 
 #include "longtrain/core/check.h"
-#include "longtrain/core/cpu.h"
 
-namespace lt::offload {
+namespace lt::kernels {
 
 namespace {
 
@@ -59,18 +59,6 @@ void checkArgs(const void* p, const float* g, const float* m, const float* v, in
            "; expected a finite value > 0 (it keeps the denominator non-zero)");
   LT_CHECK(a.weightDecay >= 0 && std::isfinite(a.weightDecay), "CPU Adam: weight_decay = ",
            a.weightDecay, "; expected a finite value >= 0");
-}
-
-// One definition of what the CPU runs (core/cpu: cpuid and the OS's saved register state), shared
-// with the model's kernels: the AVX-512 kernel needs F and BW, which every CPU with F/BW/DQ/VL has.
-bool cpuHas(AdamIsa isa) {
-  const CpuIsa cpu = cpuIsa();
-  switch (isa) {
-    case AdamIsa::Scalar: return true;
-    case AdamIsa::Avx2: return cpu.avx2Fma;
-    case AdamIsa::Avx512: return cpu.avx512;
-  }
-  return false;
 }
 
 // Runs fn(begin, end) over contiguous chunks of [0, n); the caller takes the first chunk.
@@ -151,95 +139,81 @@ void scalarKernelBf16(uint16_t* pBf16, float* pMaster, const float* g, float* m,
 #pragma GCC pop_options
 #endif
 
-void runKernel(AdamIsa isa, const float* pIn, const float* mIn, const float* vIn, const float* g, float* p,
+// The builds: the scalar reference is the baseline one; Avx512Bf16 runs the Avx512 kernel (AVX-512
+// F and BW: its bf16 store packs words).
+Isa kernelFor(Isa isa) {
+  LT_CHECK(isaSupported(isa), "CPU Adam: the ", isaName(isa),
+           " kernel was requested but this CPU lacks its instructions; use isaBest()");
+  constexpr Isa kBuilds[] = {Isa::Baseline, Isa::Avx2, Isa::Avx512};
+  return isaAtMost(isa, std::begin(kBuilds), std::end(kBuilds));
+}
+
+void runKernel(Isa build, const float* pIn, const float* mIn, const float* vIn, const float* g, float* p,
                float* m, float* v, int64_t n, const AdamCoeffs& c) {
-  switch (isa) {
-    case AdamIsa::Avx512: return detail::adamKernelAvx512(pIn, mIn, vIn, g, p, m, v, n, c);
-    case AdamIsa::Avx2: return detail::adamKernelAvx2(pIn, mIn, vIn, g, p, m, v, n, c);
-    case AdamIsa::Scalar:
+  switch (build) {
+    case Isa::Avx512Bf16:
+    case Isa::Avx512: return detail::adamKernelAvx512(pIn, mIn, vIn, g, p, m, v, n, c);
+    case Isa::Avx2: return detail::adamKernelAvx2(pIn, mIn, vIn, g, p, m, v, n, c);
+    case Isa::Baseline:
       return c.l2 != 0 ? scalarKernel<true>(pIn, mIn, vIn, g, p, m, v, n, c)
                        : scalarKernel<false>(pIn, mIn, vIn, g, p, m, v, n, c);
   }
 }
 
-void runKernelBf16(AdamIsa isa, uint16_t* pBf16, float* pMaster, const float* g, float* m,
+void runKernelBf16(Isa build, uint16_t* pBf16, float* pMaster, const float* g, float* m,
                    float* v, int64_t n, const AdamCoeffs& c) {
-  switch (isa) {
-    case AdamIsa::Avx512: return detail::adamKernelBf16Avx512(pBf16, pMaster, g, m, v, n, c);
-    case AdamIsa::Avx2: return detail::adamKernelBf16Avx2(pBf16, pMaster, g, m, v, n, c);
-    case AdamIsa::Scalar:
+  switch (build) {
+    case Isa::Avx512Bf16:
+    case Isa::Avx512: return detail::adamKernelBf16Avx512(pBf16, pMaster, g, m, v, n, c);
+    case Isa::Avx2: return detail::adamKernelBf16Avx2(pBf16, pMaster, g, m, v, n, c);
+    case Isa::Baseline:
       return c.l2 != 0 ? scalarKernelBf16<true>(pBf16, pMaster, g, m, v, n, c)
                        : scalarKernelBf16<false>(pBf16, pMaster, g, m, v, n, c);
   }
 }
 
-void checkIsa(AdamIsa isa) {
-  LT_CHECK(adamIsaSupported(isa), "CPU Adam: the ", adamIsaName(isa),
-           " kernel was requested but this CPU lacks its instructions; use adamBestIsa()");
-}
-
 }  // namespace
 
-AdamIsa adamBestIsa() {
-  static const AdamIsa best = cpuHas(AdamIsa::Avx512) ? AdamIsa::Avx512
-                              : cpuHas(AdamIsa::Avx2) ? AdamIsa::Avx2
-                                                             : AdamIsa::Scalar;
-  return best;
-}
-
-bool adamIsaSupported(AdamIsa isa) { return cpuHas(isa); }
-
-const char* adamIsaName(AdamIsa isa) {
-  switch (isa) {
-    case AdamIsa::Scalar: return "scalar";
-    case AdamIsa::Avx2: return "avx2";
-    case AdamIsa::Avx512: return "avx512";
-  }
-  return "unknown";
-}
-
-const char* adamIsa() { return adamIsaName(adamBestIsa()); }
-
-void adamStepWith(AdamIsa isa, float* p, const float* g, float* m, float* v, int64_t n,
+void adamStepWith(Isa isa, float* p, const float* g, float* m, float* v, int64_t n,
                   int64_t step, const AdamParams& params, int threads) {
-  checkIsa(isa);
+  const Isa build = kernelFor(isa);
   checkArgs(p, g, m, v, n, step, params);
   const AdamCoeffs c = makeCoeffs(params, step);
   parallelChunks(n, threads, [&](int64_t b, int64_t e) {
-    runKernel(isa, p + b, m + b, v + b, g + b, p + b, m + b, v + b, e - b, c);
+    runKernel(build, p + b, m + b, v + b, g + b, p + b, m + b, v + b, e - b, c);
   });
 }
 
 void adamStepInto(const float* pIn, const float* mIn, const float* vIn, const float* g, float* pOut,
                   float* mOut, float* vOut, int64_t n, int64_t step, const AdamParams& params, int threads) {
-  const AdamIsa isa = adamBestIsa();
+  const Isa build = kernelFor(isaBest());
   checkArgs(pIn, g, mIn, vIn, n, step, params);
   checkArgs(pOut, g, mOut, vOut, n, step, params);
   const AdamCoeffs c = makeCoeffs(params, step);
   parallelChunks(n, threads, [&](int64_t b, int64_t e) {
-    runKernel(isa, pIn + b, mIn + b, vIn + b, g + b, pOut + b, mOut + b, vOut + b, e - b, c);
+    runKernel(build, pIn + b, mIn + b, vIn + b, g + b, pOut + b, mOut + b, vOut + b, e - b, c);
   });
 }
 
 void adamStep(float* p, const float* g, float* m, float* v, int64_t n, int64_t step,
               const AdamParams& params, int threads) {
-  adamStepWith(adamBestIsa(), p, g, m, v, n, step, params, threads);
+  adamStepWith(isaBest(), p, g, m, v, n, step, params, threads);
 }
 
-void adamStepBf16With(AdamIsa isa, uint16_t* pBf16, float* pMaster, const float* g, float* m,
+void adamStepBf16With(Isa isa, uint16_t* pBf16, float* pMaster, const float* g, float* m,
                       float* v, int64_t n, int64_t step, const AdamParams& params,
                       int threads) {
-  checkIsa(isa);
+  const Isa build = kernelFor(isa);
   checkArgs(pBf16, g, m, v, n, step, params);
   const AdamCoeffs c = makeCoeffs(params, step);
   parallelChunks(n, threads, [&](int64_t b, int64_t e) {
-    runKernelBf16(isa, pBf16 + b, pMaster ? pMaster + b : nullptr, g + b, m + b, v + b, e - b, c);
+    runKernelBf16(build, pBf16 + b, pMaster ? pMaster + b : nullptr, g + b, m + b, v + b, e - b, c);
   });
 }
 
 void adamStepBf16(uint16_t* pBf16, float* pMaster, const float* g, float* m, float* v,
                   int64_t n, int64_t step, const AdamParams& params, int threads) {
-  adamStepBf16With(adamBestIsa(), pBf16, pMaster, g, m, v, n, step, params, threads);
+  adamStepBf16With(isaBest(), pBf16, pMaster, g, m, v, n, step, params, threads);
 }
 
 // --- CpuAdam ---
@@ -362,4 +336,4 @@ void CpuAdam::setLr(double lr) {
   params_.lr = lr;
 }
 
-}  // namespace lt::offload
+}  // namespace lt::kernels

@@ -6,10 +6,11 @@
 // - Updates are in place: p (or the fp32 master), m and v are read and written, g is only
 //   read. The buffers must not overlap; no alignment is required.
 // - `step` is 1-based (the step being taken); bias correction uses it.
-// - The kernel is chosen at run time: AVX-512 when the CPU has avx512f+avx512bw, else AVX2+FMA,
-//   else scalar. Every kernel agrees with the scalar one within 1e-6 on unit-scale data. The
-//   AVX2 and AVX-512 kernels are bit-identical to each other (and, measured on an AVX-512 Xeon,
-//   to torch::optim::AdamW/Adam); the scalar one rounds the fma-fused ops of libtorch's vector
+// - The kernel is chosen at run time (kernels/isa.h): AVX-512 when the CPU has F/BW/DQ/VL, else
+//   AVX2+FMA, else the scalar reference (Isa::Baseline; the *With forms take the Isa). Every
+//   kernel agrees with the scalar one within 1e-6 on unit-scale data. The AVX2 and AVX-512
+//   kernels are bit-identical to each other (and, measured on an AVX-512 Xeon, to
+//   torch::optim::AdamW/Adam); the scalar one rounds the fma-fused ops of libtorch's vector
 //   path as a separate mul and add, so it differs from them by a rounding now and then.
 // - `threads` splits the range into contiguous 64-element-aligned chunks, one std::thread
 //   each (threads <= 1, or a small n, runs on the caller). Each element's arithmetic does not
@@ -20,7 +21,9 @@
 #include <memory>
 #include <vector>
 
-namespace lt::offload {
+#include "longtrain/kernels/isa.h"
+
+namespace lt::kernels {
 
 // Defaults are torch::optim::AdamW's. Doubles, as libtorch keeps its options: the step's
 // scalars (bias corrections, step size, decay) are computed from the same doubles, so a
@@ -35,17 +38,10 @@ struct AdamParams {
   bool biasCorrection = true;  // false: bias1 = bias2 = 1
 };
 
-enum class AdamIsa { Scalar, Avx2, Avx512 };
-
-AdamIsa adamBestIsa();                // the fastest kernel this CPU can run
-bool adamIsaSupported(AdamIsa isa);   // the scalar kernel is always supported
-const char* adamIsaName(AdamIsa isa); // "scalar", "avx2", "avx512"
-const char* adamIsa();                // adamIsaName(adamBestIsa())
-
 // fp32 parameters: p, m, v updated in place from g, n elements.
 void adamStep(float* p, const float* g, float* m, float* v, int64_t n, int64_t step,
               const AdamParams& params, int threads);
-void adamStepWith(AdamIsa isa, float* p, const float* g, float* m, float* v, int64_t n,
+void adamStepWith(Isa isa, float* p, const float* g, float* m, float* v, int64_t n,
                   int64_t step, const AdamParams& params, int threads);
 
 // Out of place: reads (pIn, mIn, vIn), writes (pOut, mOut, vOut); the inputs are untouched.
@@ -60,7 +56,7 @@ void adamStepInto(const float* pIn, const float* mIn, const float* vIn, const fl
 // and rounded back. NaN becomes the quiet NaN 0x7FC0, as c10::BFloat16 does.
 void adamStepBf16(uint16_t* pBf16, float* pMaster, const float* g, float* m, float* v,
                   int64_t n, int64_t step, const AdamParams& params, int threads);
-void adamStepBf16With(AdamIsa isa, uint16_t* pBf16, float* pMaster, const float* g, float* m,
+void adamStepBf16With(Isa isa, uint16_t* pBf16, float* pMaster, const float* g, float* m,
                       float* v, int64_t n, int64_t step, const AdamParams& params, int threads);
 
 // Elements [offset, offset + length) of a group decay by weightDecay (weight-decay groups:
@@ -157,4 +153,4 @@ void adamKernelBf16Avx512(uint16_t* pBf16, float* pMaster, const float* g, float
 
 }  // namespace detail
 
-}  // namespace lt::offload
+}  // namespace lt::kernels

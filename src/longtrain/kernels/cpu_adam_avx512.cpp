@@ -11,14 +11,20 @@
 #endif
 #include <immintrin.h>
 
-#include "longtrain/offload/cpu_adam.h"
-#include "longtrain/offload/cpu_adam_prefetch.h"
+#include <cstdint>
+#include <cstring>
 
-namespace lt::offload::detail {
+#include "longtrain/kernels/cpu_adam.h"
+
+#define LT_SIMD_WIDTH 16
+
+namespace lt::kernels::detail {
 
 namespace {
 
-constexpr int kLanes = 16;
+#include "longtrain/kernels/simd.inc"
+
+constexpr int kLanes = W;
 
 struct Coeffs16 {
   __m512 decay, l2, beta1, oneMinusBeta1, beta2, oneMinusBeta2, sqrtBias2, eps, negStepSize;
@@ -134,4 +140,4 @@ void adamKernelBf16Avx512(uint16_t* pBf16, float* pMaster, const float* g, float
   else bf16Kernel<false>(pBf16, pMaster, g, m, v, n, c);
 }
 
-}  // namespace lt::offload::detail
+}  // namespace lt::kernels::detail

@@ -2,22 +2,22 @@
 // function around the per-ISA kernels (attention_kernels.inc). Non-obvious: work is handed out
 // from an atomic counter, largest query tiles first, because causal tiles differ in cost by up to
 // S / tile and ATen's parallel_for splits a range into equal contiguous chunks.
-#include "longtrain/model/fused_attention.h"
+#include "longtrain/kernels/fused_attention.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <atomic>
+#include <iterator>
 #include <cmath>
 #include <vector>
 
 #include "longtrain/core/check.h"
-#include "longtrain/core/cpu.h"
 #include "longtrain/core/trace.h"
-#include "longtrain/model/attention_kernels.h"
+#include "longtrain/kernels/attention_kernels.h"
 
-namespace lt::model {
+namespace lt::kernels {
 
 namespace {
 
@@ -34,19 +34,22 @@ struct Kernels {
   attn_detail::BackwardTask backward;
 };
 
-Kernels kernelsFor(KernelIsa isa, bool bf16) {
-  LT_CHECK(kernelIsaSupported(isa), "fused attention: the ", kernelIsaName(isa),
-           " kernel was requested but this CPU lacks its instructions; use kernelBestIsa()");
+Kernels kernelsFor(Isa isa, bool bf16) {
+  LT_CHECK(isaSupported(isa), "fused attention: the ", isaName(isa),
+           " kernel was requested but this CPU lacks its instructions; use isaBest()");
   if (bf16) {
-    LT_CHECK(isa == KernelIsa::Avx512 && fusedAttentionBf16Supported(),
-             "fused attention: bf16 products need the avx512 kernel on a CPU with AVX512_BF16 (asked for ",
-             kernelIsaName(isa), "); check fusedAttentionBf16Supported() first");
+    LT_CHECK(isa == Isa::Avx512Bf16,
+             "fused attention: bf16 products need the avx512bf16 kernel on a CPU with AVX512_BF16 (asked for ",
+             isaName(isa), "); check fusedAttentionBf16Supported() first");
     return {attn_detail::forwardTask_avx512bf16, attn_detail::backwardTask_avx512bf16};
   }
-  switch (isa) {
-    case KernelIsa::Avx512: return {attn_detail::forwardTask_avx512, attn_detail::backwardTask_avx512};
-    case KernelIsa::Avx2: return {attn_detail::forwardTask_avx2, attn_detail::backwardTask_avx2};
-    case KernelIsa::Baseline: break;
+  // The fp32 builds; Avx512Bf16 runs the Avx512 one.
+  constexpr Isa kBuilds[] = {Isa::Baseline, Isa::Avx2, Isa::Avx512};
+  switch (isaAtMost(isa, std::begin(kBuilds), std::end(kBuilds))) {
+    case Isa::Avx512Bf16:
+    case Isa::Avx512: return {attn_detail::forwardTask_avx512, attn_detail::backwardTask_avx512};
+    case Isa::Avx2: return {attn_detail::forwardTask_avx2, attn_detail::backwardTask_avx2};
+    case Isa::Baseline: break;
   }
   return {attn_detail::forwardTask_baseline, attn_detail::backwardTask_baseline};
 }
@@ -90,7 +93,7 @@ struct FusedAttentionFn : torch::autograd::Function<FusedAttentionFn> {
     a.q = q.data_ptr<float>(), a.k = k.data_ptr<float>(), a.v = v.data_ptr<float>(), a.kt = kt.data_ptr<float>();
     a.start = startPtr(start);
     a.out = out.data_ptr<float>(), a.lse = lse.data_ptr<float>();
-    const auto kernel = kernelsFor(static_cast<KernelIsa>(isa), bf16).forward;
+    const auto kernel = kernelsFor(static_cast<Isa>(isa), bf16).forward;
     const int64_t heads = s.B * s.H, tiles = s.tiles();
     runTasks(heads * tiles, attn_detail::forwardScratch(s), [&](int64_t t, float* scratch) {
       const int64_t bh = t % heads, qTile = tiles - 1 - t / heads;  // largest tiles first
@@ -122,7 +125,7 @@ struct FusedAttentionFn : torch::autograd::Function<FusedAttentionFn> {
     a.start = startPtr(start);
     a.dq = dq.data_ptr<float>(), a.dk = dk.data_ptr<float>(), a.dv = dv.data_ptr<float>();
     const auto kernel =
-        kernelsFor(static_cast<KernelIsa>(ctx->saved_data["isa"].toInt()), ctx->saved_data["bf16"].toBool()).backward;
+        kernelsFor(static_cast<Isa>(ctx->saved_data["isa"].toInt()), ctx->saved_data["bf16"].toBool()).backward;
     runTasks(s.B * s.KV, attn_detail::backwardScratch(s),
              [&](int64_t t, float* scratch) { kernel(a, t / s.KV, t % s.KV, scratch); });
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
@@ -172,18 +175,6 @@ at::Tensor fusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Te
                                  static_cast<int64_t>(options.isa), options.bf16);
 }
 
-at::Tensor firstVisibleKey(const at::Tensor& packedPositions, int64_t batch, int64_t seq, int64_t window) {
-  at::Tensor start = packedPositions.defined() ? documentStartFromPositions(packedPositions) : at::Tensor();
-  if (window <= 0) return start;
-  auto inWindow = (at::arange(seq, at::kLong) - (window - 1)).clamp_min(0).unsqueeze(0);  // [1, S]
-  return (start.defined() ? at::maximum(start, inWindow) : inWindow.expand({batch, seq})).contiguous();
-}
+bool fusedAttentionBf16Supported() { return isaSupported(Isa::Avx512Bf16); }
 
-bool fusedAttentionBf16Supported() { return cpuIsa().avx512Bf16; }
-
-at::Tensor documentStartFromPositions(const at::Tensor& pos) {
-  auto rows = at::arange(pos.size(1), pos.options().dtype(at::kLong)).unsqueeze(0);
-  return (rows - pos.to(at::kLong)).contiguous();
-}
-
-}  // namespace lt::model
+}  // namespace lt::kernels

@@ -11,38 +11,29 @@
 
 #include <cstdint>
 
-#include "longtrain/model/kernel_isa.h"
+#include "longtrain/kernels/isa.h"
 
-namespace lt::model {
+namespace lt::kernels {
 
 struct FusedAttentionOptions {
   // [B, S] int64: the first position row s may attend to (the start of its document), non-
   // decreasing along s and <= s. Undefined: plain causal attention.
   at::Tensor documentStart;
   int64_t tile = 0;  // query and key tile edge; 0: the kernel's default (128)
-  KernelIsa isa = kernelBestIsa();
+  Isa isa = isaBest();  // Avx512Bf16 runs the Avx512 build unless bf16
   // Tile products on bf16-rounded operands with fp32 accumulation (vdpbf16ps; the softmax, the
   // saved log-sum-exp, the output and the gradients stay fp32): the model's attention under the
-  // bf16 GEMM route. Needs isa == Avx512 and fusedAttentionBf16Supported().
+  // bf16 GEMM route. Needs isa == Avx512Bf16 (fusedAttentionBf16Supported()).
   bool bf16 = false;
 };
 
-// Whether this CPU runs the bf16 tile products (AVX-512 with AVX512_BF16).
+// Whether this CPU runs the bf16 tile products: isaSupported(Isa::Avx512Bf16).
 bool fusedAttentionBf16Supported();
 
 // q [B, S, H, Dh], k and v [B, S, KV, Dh] (fp32, H a multiple of KV) -> [B, S, H, Dh]; the
-// same contract as model::causalAttention, differentiable in q, k and v.
+// same contract as model::causalAttention, differentiable in q, k and v. The document mask comes
+// from model::firstVisibleKey (the packing and sliding-window rules are the model's).
 at::Tensor fusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const FusedAttentionOptions& options = {});
 
-// The first position of each token's document when position ids restart at 0 per document
-// (Hugging Face's packing convention): start[s] = s - pos[s]. pos [B, S] -> [B, S] int64.
-at::Tensor documentStartFromPositions(const at::Tensor& pos);
-
-// The first key each of the [batch, seq] queries may see: its document's start (packedPositions
-// defined) and, with a sliding window W > 0, nothing W or more tokens back: max(start, s - W + 1).
-// Within a document positions differ as indices do, so the window is on position differences.
-// Undefined when neither applies (plain causal). The chunked, fused and ring cores take this.
-at::Tensor firstVisibleKey(const at::Tensor& packedPositions, int64_t batch, int64_t seq, int64_t window);
-
-}  // namespace lt::model
+}  // namespace lt::kernels

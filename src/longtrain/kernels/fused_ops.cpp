@@ -1,16 +1,18 @@
 // Fused RMSNorm, SwiGLU and RoPE: the per-ISA kernel table, the row split over ATen's threads and the
 // autograd functions. Non-obvious: RMSNorm's weight gradient is summed per fixed chunk of rows
 // and the chunks added in order, so it is the same at any thread count (tests rely on it).
-#include "longtrain/model/fused_ops.h"
+#include "longtrain/kernels/fused_ops.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "longtrain/core/check.h"
-#include "longtrain/model/pointwise_kernels.h"
+#include <iterator>
 
-namespace lt::model {
+#include "longtrain/core/check.h"
+#include "longtrain/kernels/pointwise_kernels.h"
+
+namespace lt::kernels {
 
 namespace {
 
@@ -23,10 +25,11 @@ const pointwise_detail::Kernels& kernelsFor(int64_t isa) {
   static const pointwise_detail::Kernels table[] = {pointwise_detail::kernels_baseline(),
                                                     pointwise_detail::kernels_avx2(),
                                                     pointwise_detail::kernels_avx512()};
-  const auto k = static_cast<KernelIsa>(isa);
-  LT_CHECK(kernelIsaSupported(k), "fused kernels: the ", kernelIsaName(k),
-           " build was requested but this CPU lacks its instructions; use kernelBestIsa()");
-  return table[isa];
+  constexpr Isa kBuilds[] = {Isa::Baseline, Isa::Avx2, Isa::Avx512};  // table's order
+  const auto k = static_cast<Isa>(isa);
+  LT_CHECK(isaSupported(k), "fused kernels: the ", isaName(k),
+           " build was requested but this CPU lacks its instructions; use isaBest()");
+  return table[static_cast<int>(isaAtMost(k, std::begin(kBuilds), std::end(kBuilds)))];
 }
 
 // f(firstRow, rows) over [0, rows) in chunks of kRowChunk, on ATen's threads.
@@ -166,15 +169,7 @@ struct RopeFn : torch::autograd::Function<RopeFn> {
 
 }  // namespace
 
-RopeTable ropeTable(const at::Tensor& pos, int64_t headDim, double theta, const RopeScaling& scaling) {
-  auto inv = ropeInverseFrequencies(headDim, theta, scaling, at::kFloat);
-  auto ang = pos.to(at::kFloat).unsqueeze(-1) * inv;  // [B, S, Dh/2]
-  const double scale = scaling.attentionScale();  // yarn's attention factor scales both
-  if (scale == 1) return {at::cos(ang).contiguous(), at::sin(ang).contiguous()};
-  return {(at::cos(ang) * scale).contiguous(), (at::sin(ang) * scale).contiguous()};
-}
-
-at::Tensor fusedRope(const at::Tensor& x, const RopeTable& table, KernelIsa isa) {
+at::Tensor fusedRope(const at::Tensor& x, const RopeTable& table, Isa isa) {
   LT_CHECK(x.scalar_type() == at::kFloat && x.dim() == 4 && x.size(3) % 2 == 0 &&
                table.cos.sizes() == at::IntArrayRef({x.size(0), x.size(1), x.size(3) / 2}),
            "fused RoPE: fp32 x [B, S, H, Dh] and a table [B, S, Dh/2] expected, got ", x.sizes(), " and ",
@@ -182,19 +177,19 @@ at::Tensor fusedRope(const at::Tensor& x, const RopeTable& table, KernelIsa isa)
   return RopeFn::apply(ropeReadable(x) ? x : x.contiguous(), table.cos, table.sin, static_cast<int64_t>(isa));
 }
 
-at::Tensor fusedRmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, KernelIsa isa) {
+at::Tensor fusedRmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, Isa isa) {
   LT_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && w.dim() == 1 && x.size(-1) == w.size(0),
            "fused RMSNorm: fp32 x [.., D] and w [D] expected, got ", x.sizes(), " and ", w.sizes());
   return RmsNormFn::apply(x.contiguous(), w.contiguous(), eps, static_cast<int64_t>(isa));
 }
 
-at::Tensor fusedSwiglu(const at::Tensor& gu, KernelIsa isa, bool saveBf16) {
+at::Tensor fusedSwiglu(const at::Tensor& gu, Isa isa, bool saveBf16) {
   LT_CHECK(gu.scalar_type() == at::kFloat && gu.size(-1) % 2 == 0,
            "fused SwiGLU: fp32 [.., 2F] (gate then up) expected, got ", gu.sizes());
   return SwigluFn::apply(gu.contiguous(), static_cast<int64_t>(isa), saveBf16);
 }
 
-at::Tensor toBf16(const at::Tensor& x, KernelIsa isa) {
+at::Tensor toBf16(const at::Tensor& x, Isa isa) {
   LT_CHECK(x.scalar_type() == at::kFloat, "toBf16: fp32 expected, got ", x.scalar_type());
   const auto xc = x.contiguous();
   auto y = at::empty(xc.sizes(), xc.options().dtype(at::kBFloat16));
@@ -203,7 +198,7 @@ at::Tensor toBf16(const at::Tensor& x, KernelIsa isa) {
   return y;
 }
 
-at::Tensor toBf16InPlace(const at::Tensor& x, KernelIsa isa) {
+at::Tensor toBf16InPlace(const at::Tensor& x, Isa isa) {
   LT_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "toBf16InPlace: contiguous fp32 expected");
   const auto& k = kernelsFor(static_cast<int64_t>(isa));
   const int64_t n = x.numel();
@@ -219,4 +214,4 @@ at::Tensor toBf16InPlace(const at::Tensor& x, KernelIsa isa) {
   return x.view(at::kBFloat16).reshape({-1}).narrow(0, 0, n).view(x.sizes());
 }
 
-}  // namespace lt::model
+}  // namespace lt::kernels

@@ -6,37 +6,35 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
-#include "longtrain/model/kernel_isa.h"
-#include "longtrain/model/model.h"
+#include "longtrain/kernels/isa.h"
 
-namespace lt::model {
+namespace lt::kernels {
 
 // x [.., D], w [D] -> x / sqrt(mean(x^2) + eps) * w; differentiable in x and w.
-at::Tensor fusedRmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, KernelIsa isa = kernelBestIsa());
+at::Tensor fusedRmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, Isa isa = isaBest());
 
 // gu [.., 2F] (gate then up) -> silu(gate) * up [.., F]; differentiable in gu. saveBf16 keeps
 // gu for backward as bf16 (the bf16 GEMM route): the forward is unchanged, the gradient is the
 // exact one at gu rounded to bf16.
-at::Tensor fusedSwiglu(const at::Tensor& gu, KernelIsa isa = kernelBestIsa(), bool saveBf16 = false);
+at::Tensor fusedSwiglu(const at::Tensor& gu, Isa isa = isaBest(), bool saveBf16 = false);
 
 // RoPE's per-token angles, computed once per step and shared by every block's q and k: cos and
-// sin [B, S, Dh/2] of pos [B, S] x theta^(-2i/Dh), the same ops (and roundings) as model::rope.
+// sin [B, S, Dh/2] (model::ropeTable makes them, with the model's frequencies and scaling).
 struct RopeTable {
   at::Tensor cos, sin;
 };
-RopeTable ropeTable(const at::Tensor& pos, int64_t headDim, double theta, const RopeScaling& scaling = {});
 
 // x [B, S, H, Dh] (heads and dims contiguous, tokens at any stride: a column slice of the one
 // q/k/v GEMM's output) -> the rotated [B, S, H, Dh], contiguous; differentiable in x.
-at::Tensor fusedRope(const at::Tensor& x, const RopeTable& table, KernelIsa isa = kernelBestIsa());
+at::Tensor fusedRope(const at::Tensor& x, const RopeTable& table, Isa isa = isaBest());
 
 // x fp32, any shape -> a contiguous bf16 copy, rounded as c10::BFloat16 rounds (to nearest
 // even): the bf16 GEMM route's operands. One parallel pass; no autograd.
-at::Tensor toBf16(const at::Tensor& x, KernelIsa isa = kernelBestIsa());
+at::Tensor toBf16(const at::Tensor& x, Isa isa = isaBest());
 
 // The same rounding written over x's own first half (x contiguous fp32; its values are gone),
 // returned as a bf16 tensor of x's shape sharing x's storage: for a buffer too large to copy
 // (the fused LM head's logits gradient). Parallel in waves that never write what is unread.
-at::Tensor toBf16InPlace(const at::Tensor& x, KernelIsa isa = kernelBestIsa());
+at::Tensor toBf16InPlace(const at::Tensor& x, Isa isa = isaBest());
 
-}  // namespace lt::model
+}  // namespace lt::kernels

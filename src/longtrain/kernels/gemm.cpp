@@ -2,7 +2,7 @@
 // primitive with an fp32 result. Row-major throughout: the backward's two products read the saved
 // operands in place, with transposes as flags. Non-obvious: the bf16 route saves the bf16 copies
 // of x and w for backward (half the bytes of fp32) and never rounds a result or gradient to bf16.
-#include "longtrain/model/gemm.h"
+#include "longtrain/kernels/gemm.h"
 
 #include <ATen/ATen.h>
 #include <dnnl.h>
@@ -16,9 +16,9 @@
 #include <tuple>
 
 #include "longtrain/core/check.h"
-#include "longtrain/model/fused_ops.h"
+#include "longtrain/kernels/fused_ops.h"
 
-namespace lt::model {
+namespace lt::kernels {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -176,4 +176,4 @@ at::Tensor matmul(const at::Tensor& a, bool transA, const at::Tensor& b, bool tr
   return out;
 }
 
-}  // namespace lt::model
+}  // namespace lt::kernels

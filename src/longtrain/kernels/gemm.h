@@ -6,7 +6,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
-namespace lt::model {
+namespace lt::kernels {
 
 // How a GEMM runs: ATen's fp32 (OpenBLAS), oneDNN's fp32 sgemm, or oneDNN's bf16 matmul: the
 // operands rounded to bf16 (their saved copies too), the product accumulated and returned in fp32.
@@ -30,4 +30,4 @@ at::Tensor matmul(const at::Tensor& a, bool transA, const at::Tensor& b, bool tr
 // kernel runs), whatever this CPU has. Process-wide.
 void forceWidenedBf16ForTesting(bool on);
 
-}  // namespace lt::model
+}  // namespace lt::kernels

@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 
-namespace lt::model::pointwise_detail {
+namespace lt::kernels::pointwise_detail {
 
 struct Kernels {
   // y = x * rstd * w, rstd[r] = 1 / sqrt(mean(x[r]^2) + eps); rows of D floats.
@@ -34,4 +34,4 @@ LT_POINTWISE_DECLARE(avx2)
 LT_POINTWISE_DECLARE(avx512)
 #undef LT_POINTWISE_DECLARE
 
-}  // namespace lt::model::pointwise_detail
+}  // namespace lt::kernels::pointwise_detail

@@ -1,5 +1,6 @@
-// Fused RMSNorm and SwiGLU for AVX2 + FMA (8 lanes); the code is pointwise_kernels.inc, the
-// flags come from CMakeLists.txt, and fused_ops.cpp calls it only when the CPU has them.
+// Fused RMSNorm, SwiGLU and RoPE for AVX2 + FMA (8 lanes). The code is pointwise_kernels.inc; the
+// flags come from CMakeLists.txt's longtrain_isa_sources by this file's _<isa> suffix, and
+// fused_ops.cpp calls it only when the CPU has them.
 #define LT_PW_ISA avx2
 #define LT_SIMD_WIDTH 8
-#include "longtrain/model/pointwise_kernels.inc"
+#include "longtrain/kernels/pointwise_kernels.inc"

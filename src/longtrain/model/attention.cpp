@@ -10,8 +10,6 @@
 #include <limits>
 
 #include "longtrain/core/check.h"
-#include "longtrain/model/fused_attention.h"
-#include "longtrain/model/fused_ops.h"
 #include "longtrain/model/model.h"
 
 namespace lt::model {
@@ -124,7 +122,7 @@ at::Tensor mlp(const at::Tensor& x, const at::Tensor& wGate, const at::Tensor& w
                MlpOptions o) {
   if (o.fused) {
     const bool bf16 = o.gemm == GemmRoute::Bf16;  // gu saved as bf16, as the GEMMs' operands are
-    return linear(fusedSwiglu(linear(x, at::cat({wGate, wUp}), o.gemm), kernelBestIsa(), bf16), wDown, o.gemm);
+    return linear(fusedSwiglu(linear(x, at::cat({wGate, wUp}), o.gemm), isaBest(), bf16), wDown, o.gemm);
   }
   return linear(at::silu(linear(x, wGate, o.gemm)) * linear(x, wUp, o.gemm), wDown, o.gemm);
 }
@@ -190,6 +188,26 @@ at::Tensor chunkedAttention(const at::Tensor& q, const at::Tensor& k, const at::
                             // autograd's apply needs a defined tensor: an empty one means "no mask"
                             start.defined() ? start : at::empty({0}, at::kLong), window > 0);
   return o.transpose(1, 2);  // [B, S, H, D]
+}
+
+at::Tensor documentStartFromPositions(const at::Tensor& pos) {
+  auto rows = at::arange(pos.size(1), pos.options().dtype(at::kLong)).unsqueeze(0);
+  return (rows - pos.to(at::kLong)).contiguous();
+}
+
+at::Tensor firstVisibleKey(const at::Tensor& packedPositions, int64_t batch, int64_t seq, int64_t window) {
+  at::Tensor start = packedPositions.defined() ? documentStartFromPositions(packedPositions) : at::Tensor();
+  if (window <= 0) return start;
+  auto inWindow = (at::arange(seq, at::kLong) - (window - 1)).clamp_min(0).unsqueeze(0);  // [1, S]
+  return (start.defined() ? at::maximum(start, inWindow) : inWindow.expand({batch, seq})).contiguous();
+}
+
+RopeTable ropeTable(const at::Tensor& pos, int64_t headDim, double theta, const RopeScaling& scaling) {
+  auto inv = ropeInverseFrequencies(headDim, theta, scaling, at::kFloat);
+  auto ang = pos.to(at::kFloat).unsqueeze(-1) * inv;  // [B, S, Dh/2]
+  const double scale = scaling.attentionScale();  // yarn's attention factor scales both
+  if (scale == 1) return {at::cos(ang).contiguous(), at::sin(ang).contiguous()};
+  return {(at::cos(ang) * scale).contiguous(), (at::sin(ang) * scale).contiguous()};
 }
 
 }  // namespace lt::model

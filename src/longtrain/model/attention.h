@@ -5,7 +5,8 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
-#include "longtrain/model/gemm.h"
+#include "longtrain/config/model_config.h"
+#include "longtrain/model/kernels.h"
 
 namespace lt::model {
 
@@ -25,5 +26,23 @@ struct MlpOptions {
 };
 at::Tensor tiledMlp(const at::Tensor& x, const at::Tensor& wGate, const at::Tensor& wUp, const at::Tensor& wDown,
                     int64_t shards, MlpOptions options = {});
+
+// The model's rules around the kernels' inputs: which keys a query may see, and RoPE's angles.
+
+// The first position of each token's document when position ids restart at 0 per document
+// (Hugging Face's packing convention): start[s] = s - pos[s]. pos [B, S] -> [B, S] int64.
+at::Tensor documentStartFromPositions(const at::Tensor& pos);
+
+// The first key each of the [batch, seq] queries may see: its document's start (packedPositions
+// defined) and, with a sliding window W > 0, nothing W or more tokens back: max(start, s - W + 1).
+// Within a document positions differ as indices do, so the window is on position differences.
+// Undefined when neither applies (plain causal). The chunked, fused and ring cores take this
+// (the fused kernel as FusedAttentionOptions::documentStart).
+at::Tensor firstVisibleKey(const at::Tensor& packedPositions, int64_t batch, int64_t seq, int64_t window);
+
+// RoPE's per-token angles for kernels::fusedRope, computed once per step and shared by every
+// block's q and k: cos and sin [B, S, Dh/2] of pos [B, S] x theta^(-2i/Dh), the same ops (and
+// roundings) as model::rope.
+RopeTable ropeTable(const at::Tensor& pos, int64_t headDim, double theta, const config::RopeScaling& scaling = {});
 
 }  // namespace lt::model

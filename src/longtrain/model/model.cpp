@@ -9,10 +9,10 @@
 #include <cmath>
 
 #include "longtrain/core/check.h"
+#include "longtrain/kernels/fused_attention.h"
+#include "longtrain/kernels/fused_ops.h"
+#include "longtrain/kernels/gemm.h"
 #include "longtrain/model/attention.h"
-#include "longtrain/model/fused_attention.h"
-#include "longtrain/model/fused_ops.h"
-#include "longtrain/model/gemm.h"
 
 namespace lt::model {
 

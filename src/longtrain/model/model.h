@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "longtrain/config/model_config.h"
-#include "longtrain/model/gemm.h"
+#include "longtrain/model/kernels.h"
 
 namespace lt::model {
 

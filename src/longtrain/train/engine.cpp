@@ -16,8 +16,8 @@
 #include "longtrain/ckpt/hf_llama.h"
 #include "longtrain/core/check.h"
 #include "longtrain/core/cpu.h"
-#include "longtrain/data/tokenizer.h"
 #include "longtrain/core/memory.h"
+#include "longtrain/data/tokenizer.h"
 #include "longtrain/model/attention.h"
 #include "longtrain/offload/grad_verdict.h"
 #include "longtrain/plan/memory_model.h"
@@ -97,7 +97,7 @@ std::vector<double> weightDecayOf(const model::Model& m, const config::Optimizer
 // order: ZeRO gathers their bf16 copies (Zero3Options::bf16Params). Empty on other routes.
 std::vector<bool> bf16GatheredOf(const model::Model& m, const model::ModelConfig& c) {
   std::vector<bool> out;
-  if (model::gemmRoute(c) != model::GemmRoute::Bf16) return out;
+  if (model::gemmRoute(c) != kernels::GemmRoute::Bf16) return out;
   for (int g : m.groupOrder())
     for (const auto& np : m.group(g)) out.push_back(np.tensor.dim() >= 2 && np.name != kEmbedding);
   return out;
@@ -151,8 +151,8 @@ void Engine::buildLoader() {
 
 namespace {
 
-offload::AdamParams adamParams(const config::OptimizerConfig& o) {
-  offload::AdamParams ap;
+kernels::AdamParams adamParams(const config::OptimizerConfig& o) {
+  kernels::AdamParams ap;
   ap.lr = o.lr;
   ap.beta1 = o.beta1;
   ap.beta2 = o.beta2;
@@ -200,7 +200,7 @@ void Engine::buildOptimizer(const EngineOptions& opts) {
     return;
   }
   // Stage 0: the same CPU Adam as ZeRO, one optimizer group (m, v, step count) per parameter.
-  adam_ = std::make_unique<offload::CpuAdam>(adamParams(cfg_.optimizer), at::get_num_threads());
+  adam_ = std::make_unique<kernels::CpuAdam>(adamParams(cfg_.optimizer), at::get_num_threads());
   auto params = model_->parameters();
   for (size_t i = 0; i < params.size(); ++i) adam_->addGroup(params[i].numel(), {{0, params[i].numel(), decay[i]}});
 }
@@ -287,8 +287,8 @@ void Engine::makeActivationOffload() {
 Engine::~Engine() = default;
 
 bool Engine::chooseBf16() {
-  const double fp32 = measureGemmPeakFlops(cfg_.model.oneDnnGemm ? model::GemmRoute::OneDnn : model::GemmRoute::Blas);
-  const double bf16 = measureGemmPeakFlops(model::GemmRoute::Bf16);
+  const double fp32 = measureGemmPeakFlops(cfg_.model.oneDnnGemm ? kernels::GemmRoute::OneDnn : kernels::GemmRoute::Blas);
+  const double bf16 = measureGemmPeakFlops(kernels::GemmRoute::Bf16);
   // Every rank must build the same model: bf16 only if it is faster on every rank.
   auto t = at::tensor({bf16 > fp32 || !cfg_.bf16OnlyIfFaster ? 1.0 : 0.0}, at::kDouble);
   groups_.world->allReduce(t, comm::ReduceOp::Min).wait();

@@ -15,12 +15,12 @@
 #include "longtrain/compile/passes.h"
 #include "longtrain/compile/program.h"
 #include "longtrain/compile/schedule.h"
+#include "longtrain/config/config.h"
 #include "longtrain/core/fifo.h"
 #include "longtrain/data/data.h"
+#include "longtrain/kernels/cpu_adam.h"
 #include "longtrain/model/model.h"
-#include "longtrain/offload/cpu_adam.h"
 #include "longtrain/sp/ulysses.h"
-#include "longtrain/config/config.h"
 #include "longtrain/zero/zero3.h"
 
 namespace lt::train {
@@ -118,7 +118,7 @@ class Engine : public ckpt::TrainState {
   std::unique_ptr<data::Loader> loader_;         // SP = 1
   std::unique_ptr<sp::UlyssesLoader> ulysses_;  // SP > 1 (owns this rank's loader)
   data::Loader* spLoader_ = nullptr;             // SP > 1: the loader inside ulysses_
-  std::unique_ptr<offload::CpuAdam> adam_;  // stage 0: one group per parameter
+  std::unique_ptr<kernels::CpuAdam> adam_;  // stage 0: one group per parameter
   std::unique_ptr<zero::Zero3> zero_;       // ZeRO stages 1-3 (replaces adam_)
   zero::ZeroStepResult lastZero_;
   double gemmPeakFlops_ = 0;  // this rank's rate of the GEMM dtype in use, when chooseBf16 measured it

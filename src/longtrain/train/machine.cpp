@@ -23,12 +23,12 @@ double modelFlopsPerToken(const model::ModelConfig& m, int64_t seqLen) {
   return 6 * matmulParams + 6 * static_cast<double>(m.layers) * context * static_cast<double>(m.qDim());
 }
 
-double measureGemmPeakFlops(model::GemmRoute route) {
+double measureGemmPeakFlops(kernels::GemmRoute route) {
   constexpr int64_t n = 1024;
   // bf16 operands are converted once, here: the rate is the GEMM's alone, as for fp32.
-  const auto type = route == model::GemmRoute::Bf16 ? at::kBFloat16 : at::kFloat;
+  const auto type = route == kernels::GemmRoute::Bf16 ? at::kBFloat16 : at::kFloat;
   auto a = at::randn({n, n}).to(type), b = at::randn({n, n}).to(type), c = at::empty({n, n});
-  auto mm = [&] { model::matmulInto(c, a, false, b, false, route); };
+  auto mm = [&] { kernels::matmulInto(c, a, false, b, false, route); };
   mm();  // warm-up: thread pool, page faults, packing buffers
   double best = 0;
   const auto start = std::chrono::steady_clock::now();
@@ -42,15 +42,15 @@ double measureGemmPeakFlops(model::GemmRoute route) {
   return best;
 }
 
-double gemmRelativeError(model::GemmRoute route) {
-  LT_ASSERT(route != model::GemmRoute::Bf16, "gemmRelativeError checks fp32 routes");
+double gemmRelativeError(kernels::GemmRoute route) {
+  LT_ASSERT(route != kernels::GemmRoute::Bf16, "gemmRelativeError checks fp32 routes");
   double worst = 0;
   const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {65, 33, 129}, {200, 177, 131}, {1, 300, 257}};
   for (const auto& s : shapes) {
     const int64_t M = s[0], K = s[1], N = s[2];
     auto a = at::randn({M, K}), b = at::randn({K, N});
     auto c = at::empty({M, N});
-    model::matmulInto(c, a, false, b, false, route);
+    kernels::matmulInto(c, a, false, b, false, route);
     const float *pa = a.data_ptr<float>(), *pb = b.data_ptr<float>(), *pc = c.data_ptr<float>();
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) {

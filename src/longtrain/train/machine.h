@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 
+#include "longtrain/kernels/gemm.h"
 #include "longtrain/model/model.h"
 
 namespace lt::train {
@@ -21,11 +22,11 @@ double modelFlopsPerToken(const model::ModelConfig& m, int64_t seqLen);
 // Best-of-several GEMM rate (FLOP/s) at the current at::get_num_threads() by `route`: fp32
 // through ATen (OpenBLAS) or oneDNN's sgemm, or bf16 operands with an fp32 result (oneDNN's
 // matmul: AVX512_BF16 / AMX where the CPU has them; widened to fp32, slowly, where it has none).
-double measureGemmPeakFlops(model::GemmRoute route = model::GemmRoute::Blas);
+double measureGemmPeakFlops(kernels::GemmRoute route = kernels::GemmRoute::Blas);
 
 // Largest error of an fp32 GEMM route (at::mm, or oneDNN's sgemm) against a double-precision
 // loop, over odd shapes that exercise the kernel's edge paths, relative to sum_k |a_ik| |b_kj|
 // (the bound fp32 error scales with).
-double gemmRelativeError(model::GemmRoute route = model::GemmRoute::Blas);
+double gemmRelativeError(kernels::GemmRoute route = kernels::GemmRoute::Blas);
 
 }  // namespace lt::train

@@ -14,8 +14,8 @@
 
 #include "longtrain/core/check.h"
 #include "longtrain/core/partition.h"
-#include "longtrain/offload/grad_verdict.h"
 #include "longtrain/core/trace.h"
+#include "longtrain/offload/grad_verdict.h"
 
 namespace lt::zero {
 
@@ -71,7 +71,7 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
             o_.weightDecay.size(), " entries for ", params_.size(), " parameters");
   LT_ASSERT(o_.bf16Params.empty() || o_.bf16Params.size() == params_.size(), "bf16Params has ",
             o_.bf16Params.size(), " entries for ", params_.size(), " parameters");
-  adam_ = std::make_unique<offload::CpuAdam>(o_.adam, std::max(1, o_.workerCores));
+  adam_ = std::make_unique<kernels::CpuAdam>(o_.adam, std::max(1, o_.workerCores));
   const int n = numSubGroups();
   const int offloaded = o_.superOffload ? static_cast<int>(std::lround(o_.ratio * n)) : 0;
   std::vector<int> counts;
@@ -79,7 +79,7 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
     auto& sg = subGroups_[s];
     sg.master = at::zeros({sg.partNumel}, at::kFloat);
     sg.grad = at::zeros({sg.partNumel}, at::kFloat);
-    std::vector<offload::DecaySpan> decay;  // each parameter's chunk keeps its own weight decay
+    std::vector<kernels::DecaySpan> decay;  // each parameter's chunk keeps its own weight decay
     for (int i : sg.params)
       decay.push_back({params_[i].offset, params_[i].chunk,
                        o_.weightDecay.empty() ? o_.adam.weightDecay : o_.weightDecay[i]});

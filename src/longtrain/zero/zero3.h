@@ -46,8 +46,8 @@
 #include "longtrain/core/channel.h"
 #include "longtrain/core/fifo.h"
 #include "longtrain/core/partition.h"
+#include "longtrain/kernels/cpu_adam.h"
 #include "longtrain/model/model.h"
-#include "longtrain/offload/cpu_adam.h"
 #include "longtrain/zero/ipg_bucket.h"
 
 namespace lt::zero {
@@ -73,7 +73,7 @@ struct Zero3Options {
   // reduce-scatter (half the bytes) and summed in fp32 on arrival.
   bool reduceBf16 = false;
   double gradientClipping = 0;   // 0: off
-  offload::AdamParams adam;
+  kernels::AdamParams adam;
   bool superOffload = false;     // speculative CPU Adam on a worker during backward
   double ratio = 1.0;            // share of sub-groups the worker steps (the rest step in step())
   int workerCores = 1;           // CPU Adam threads (cpuadam_cores_perc x the rank's cores)
@@ -135,7 +135,7 @@ class Zero3 {
   // Injects a value into this rank's gradient partition of sub-group sg at the next step
   // boundary (testing hook for the rollback path).
   void injectGradValue(int subGroup, float value) { inject_ = {subGroup, value}; }
-  offload::CpuAdam& adam() { return *adam_; }
+  kernels::CpuAdam& adam() { return *adam_; }
   // Checkpoint state: this rank's chunk of every parameter (empty chunks left out).
   std::vector<StateShard> stateShards();  // pointing into the masters and Adam buffers
   const std::vector<int64_t>& paramShape(int param) const { return params_.at(param).shape; }
@@ -209,7 +209,7 @@ class Zero3 {
   std::vector<std::vector<int>> groupParams_;  // model group -> param indices
   std::vector<std::vector<PendingGather>> pendingGathers_;  // per group, from prefetch()
   std::vector<SubGroup> subGroups_;
-  std::unique_ptr<offload::CpuAdam> adam_;
+  std::unique_ptr<kernels::CpuAdam> adam_;
   std::unique_ptr<IpgBuckets> buckets_;
   Fifo<PendingReduce> pending_;
   bool boundary_ = false;
