@@ -46,7 +46,7 @@ constexpr size_t kHugePage = size_t{2} << 20;
 // vector width.
 constexpr int64_t kCheckParams = (int64_t{1} << 20) + 37;
 constexpr int kCheckSteps = 3;
-constexpr double kCheckTol = 1e-6;  // |p - p_scalar|, unit-scale data (tests/offload_cpu_adam_test)
+constexpr double kCheckTol = 1e-6;  // |p - p_scalar|, unit-scale data (tests/kernels_cpu_adam_test)
 
 struct FreeDeleter {
   void operator()(float* p) const { std::free(p); }

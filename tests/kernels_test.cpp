@@ -3,7 +3,7 @@
 // by element within a tolerance of testing.h's table; a pair this CPU cannot run is skipped with
 // the reason. Non-obvious: Avx512Bf16 rows run the fp32 families' Avx512 builds through the
 // dispatch (what isaBest() gives such a CPU), and only attention_bf16 has a build of its own there.
-// The per-family tests (attention_test, fused_ops_test, offload_cpu_adam_test, gemm_test) keep the
+// The per-family tests (attention_test, fused_ops_test, kernels_cpu_adam_test, gemm_test) keep the
 // wider sweeps: more shapes, masks, thread counts, error paths.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
