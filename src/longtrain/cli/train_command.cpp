@@ -18,7 +18,6 @@
 #include "longtrain/core/check.h"
 #include "longtrain/core/stop.h"
 #include "longtrain/offload/activation_file.h"
-#include "longtrain/plan/memory_model.h"
 #include "longtrain/plan/preflight.h"
 #include "longtrain/train/trainer.h"
 
@@ -82,7 +81,7 @@ train::TrainOptions trainOptions(const TrainFlags& fl, const std::string& resume
 }
 
 // Inside a rank: bring it up, train, report.
-int runRank(config::Config cfg, const TrainFlags& fl, const std::string& resume) {
+int runRank(const config::Config& cfg, const TrainFlags& fl, const std::string& resume) {
   installStopHandlers();
   comm::BringUpOptions bo;
   bo.sequenceParallel = cfg.sequenceParallelSize;
@@ -91,9 +90,9 @@ int runRank(config::Config cfg, const TrainFlags& fl, const std::string& resume)
   bo.threads = cfg.train.threads;
   bo.agreed = config::agreedKeys(cfg);
   comm::RankSetup rank = comm::bringUp(bo);
-  if (cfg.train.memoryBudget == 0) cfg.train.memoryBudget = plan::memoryBudgetFor(cfg, rank.rendezvous.localSize);
   train::TrainOptions to = trainOptions(fl, resume, rank.rendezvous.rank);
   to.engine.rankCpus = rank.cpus;
+  to.engine.localRanks = rank.rendezvous.localSize;
   auto s = train::runTraining(cfg, rank.groups, to);
   if (rank.rendezvous.rank == 0 && !s.stopSignal)
     std::printf("done: %lld steps, final loss %.4f%s, %.0f tokens/s\n", (long long)s.steps, s.finalLoss,
@@ -124,11 +123,11 @@ int runTrain(int argc, char** argv, const TrainFlags& fl) {
   nlohmann::json j = config::loadConfigJson(fl.config, fl.sets);
   const int nproc = nprocOf(j, fl.nproc);
   const int world = inRank ? comm::envInt("WORLD_SIZE", 1) : nproc * fl.nnodes;
-  config::Config cfg = config::parseConfig(j, world);
+  const config::Config cfg = config::parseConfig(j, world);
   const std::string resume = checkBeforeLaunch(cfg, fl, inRank, world, nproc);
   if (!inRank && (nproc > 1 || fl.maxRestarts > 0 || fl.nnodes > 1 || !fl.masterAddr.empty()))
     return launchRanks(argc, argv, fl, cfg, nproc);
-  return runRank(std::move(cfg), fl, resume);
+  return runRank(cfg, fl, resume);
 }
 
 void addLaunchOptions(CLI::App* train, TrainFlags& fl) {
