@@ -330,3 +330,35 @@ TEST(Config, SizesWhoseProductOverflowsAreRefusedNamingTheKeys) {
   fused["model"]["attention"] = "fused";
   EXPECT_EQ(errorOf(fused).find("overflow"), std::string::npos) << errorOf(fused);
 }
+
+// The run plan: resolved once, agreed by every rank, and kept out of the config as given.
+TEST(RunPlan, RanksThatResolveDifferentlyAreRefusedNamingTheField) {
+  std::vector<std::string> errors(2);
+  runRanks(2, 1, [&](int r, comm::Groups& g) {
+    config::RunPlan plan;
+    plan.graphBlocks = 2;
+    plan.memoryBudget = r == 0 ? 1 : 2;  // a rank's own: never compared
+    train::agreeOnPlan(plan, *g.world);  // agrees
+    plan.oneDnnGemm = r == 1;
+    errors[r] = errorOf([&] { train::agreeOnPlan(plan, *g.world); });
+  });
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("model.gemm"), std::string::npos) << e;
+    EXPECT_NE(e.find("is 0 on some ranks and 1 on others"), std::string::npos) << e;
+  }
+}
+
+TEST(RunPlan, TheEngineLeavesTheConfigAsGivenAndThePlanReachesTheModel) {
+  nlohmann::json j = tinyTrainConfig();
+  j["data"]["packing"] = "none";
+  j["model"]["gemm"] = "onednn";
+  const config::Config cfg = config::parseConfig(j, 1);
+  runRanks(1, 1, [&](int, comm::Groups& g) {
+    train::Engine e(cfg, g);
+    EXPECT_FALSE(e.config().model.oneDnnGemm);  // as parsed
+    EXPECT_TRUE(e.plan().oneDnnGemm);
+    EXPECT_TRUE(e.model().config().oneDnnGemm);
+    EXPECT_EQ(e.plan().graphBlocks, e.graphBlocks());
+    EXPECT_GT(e.plan().memoryBudget, 0);
+  });
+}

@@ -1,7 +1,6 @@
 // The eval subcommand: flags, the two measures, and their report. Non-obvious: the token file's
 // dtype and EOS come from its sidecar (F.bin.json) unless --dtype / --eos-id say otherwise, and
 // nothing is printed or written for a measure that was not asked for (no zero losses).
-#include "longtrain/cli/eval_command.h"
 
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
@@ -15,6 +14,8 @@
 #include <thread>
 
 #include "longtrain/ckpt/hf_llama.h"
+#include "longtrain/cli/command.h"
+#include "longtrain/comm/bring_up.h"
 #include "longtrain/comm/launch.h"
 #include "longtrain/core/check.h"
 #include "longtrain/report/heatmap.h"
@@ -23,6 +24,16 @@
 namespace lt::cli {
 
 namespace {
+
+struct EvalFlags {
+  std::string model, data, dtype, packing = "none", tokenizer, out;
+  int64_t seqLen = 0, windows = 0, eosId = -1;
+  int nproc = 1;  // --data on this many SP ranks (processes)
+  bool json = false, needle = false;
+  std::string lengths, depths;
+  int trials = 4, digits = 5;
+  uint64_t seed = 1234;
+};
 
 template <class T>
 std::vector<T> parseList(const std::string& text, const char* flag) {
@@ -90,21 +101,18 @@ constexpr std::chrono::milliseconds kRankTimeout{120000};
 
 // This rank's SP group: every rank of the job, split Ulysses x ring as training would split it.
 train::SequenceParallel rankGroups(const model::ModelConfig& m) {
-  const comm::EnvRendezvous rv = comm::rendezvousFromEnv(kRankTimeout);
   train::SequenceParallel sp;
-  sp.layout = config::ParallelLayout::make(rv.size, rv.size, m.heads, m.kvHeads, 0, "auto");
-  comm::Options co;
-  co.timeout = kRankTimeout;
-  sp.groups = comm::makeGroups(rv.store, rv.rank, rv.size, rv.size, co, rv.heartbeatStore, sp.layout.R);
-  at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, rv.localSize)));
+  const int world = comm::envInt("WORLD_SIZE", 1);
+  sp.layout = config::ParallelLayout::make(world, world, m.heads, m.kvHeads, 0, "auto");
+  comm::BringUpOptions bo;
+  bo.sequenceParallel = world;
+  bo.ringDegree = sp.layout.R;
+  bo.timeout = kRankTimeout;
+  sp.groups = comm::bringUp(bo).groups;
   return sp;
 }
 
-}  // namespace
-
-CLI::App* addEvalCommand(CLI::App& app, EvalFlags& f) {
-  auto* ev = app.add_subcommand("eval", "long-context evaluation of a checkpoint or a Hugging Face directory: the "
-                                        "loss by position over a token file (--data), passkey retrieval (--needle)");
+void addEvalOptions(CLI::App* ev, EvalFlags& f) {
   ev->add_option("MODEL", f.model, "a checkpoint (step directory or root) or a Hugging Face model directory")->required();
   ev->add_option("--data", f.data, "a token file (longtrain tokenize's): mean next-token loss over its windows and "
                                    "the loss by position");
@@ -132,10 +140,9 @@ CLI::App* addEvalCommand(CLI::App& app, EvalFlags& f) {
                                              "model's)");
   ev->add_option("--out", f.out, "with --needle: write the accuracy grid as an SVG heatmap here");
   ev->add_flag("--json", f.json, "print one JSON object (loss, tokens, loss_by_position, needle) instead of text");
-  return ev;
 }
 
-int cmdEval(const EvalFlags& f, int argc, char** argv) {
+int runEval(const EvalFlags& f, int argc, char** argv) {
   LT_CHECK(!f.data.empty() || f.needle, "eval needs --data F.bin --seq-len S, or --needle (or both)");
   LT_CHECK(f.nproc == 1 || !f.needle, "eval --needle runs in one process; run it without --nproc (--data may use it)");
   const bool inRank = std::getenv("WORLD_SIZE") != nullptr;
@@ -153,7 +160,7 @@ int cmdEval(const EvalFlags& f, int argc, char** argv) {
   at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
   auto m = ckpt::loadInferenceModel(f.model);
   std::optional<train::SequenceParallel> sp;
-  if (inRank) sp = rankGroups(m.model->config());
+  if (inRank) sp = rankGroups(m.model->config());  // sets this rank's share of the cores
   const bool rank0 = !sp || sp->groups.world->rank() == 0;
   nlohmann::json out = nlohmann::json::object();
   if (!f.data.empty()) {
@@ -188,6 +195,16 @@ int cmdEval(const EvalFlags& f, int argc, char** argv) {
   if (f.json && rank0) std::printf("%s\n", out.dump().c_str());
   if (sp) sp->groups.world->barrier();  // nobody tears down its process group while a peer still needs it
   return 0;
+}
+
+}  // namespace
+
+Command evalCommand(CLI::App& app, int argc, char** argv) {
+  auto f = std::make_shared<EvalFlags>();
+  auto* ev = app.add_subcommand("eval", "long-context evaluation of a checkpoint or a Hugging Face directory: the "
+                                        "loss by position over a token file (--data), passkey retrieval (--needle)");
+  addEvalOptions(ev, *f);
+  return {ev, [f, argc, argv] { return runEval(*f, argc, argv); }};
 }
 
 }  // namespace lt::cli

@@ -41,6 +41,8 @@ struct Executor::RunState {
 
 MicroBatchStats Executor::run(const Program& p, const data::Batch& batch, const RunOptions& o) {
   LT_ASSERT(batch.shift_labels.defined(), "shift_labels must be formed before the step");
+  for (size_t pc = 0; pc + 1 < p.code.size(); ++pc)
+    LT_ASSERT(p.code[pc].op != OpCode::OptimizerStep, "OptimizerStep at ", pc, " is not the program's last instruction");
   RunState r(batch, o, model_.numBlocks(), offload_);
   if (offload_) offload_->reset();
   auto live = [&] { return r.keptBytes(false) + (hooks_.gatheredBytes ? hooks_.gatheredBytes() : 0); };
@@ -137,8 +139,7 @@ void Executor::execute(const Instr& in, RunState& r) {
     case OpCode::ReduceGrads:
       if (hooks_.reduceGrads) hooks_.reduceGrads(b, r.opts.boundary);
       break;
-    case OpCode::OptimizerStep:
-      if (r.opts.boundary && hooks_.optimizerStep) hooks_.optimizerStep();
+    case OpCode::OptimizerStep:  // the boundary marker: the engine steps after run() returns
       break;
   }
 }

@@ -22,7 +22,6 @@ struct Hooks {
   // Called after every micro-batch's backward of group g; `boundary` marks the last
   // micro-batch of the optimizer step. May be empty (single rank without ZeRO).
   std::function<void(int group, bool boundary)> reduceGrads;
-  std::function<void()> optimizerStep;  // boundary only
 };
 
 struct MicroBatchStats {
@@ -38,7 +37,7 @@ struct MicroBatchStats {
 struct RunOptions {
   double lossDenominator = 1;  // scored tokens over the SP group (the loss is sum/denominator)
   double gradScale = 1;        // 1 / gradient_accumulation_steps
-  bool boundary = true;        // last micro-batch: OptimizerStep runs
+  bool boundary = true;        // the optimizer step's last micro-batch (the engine then steps)
   Profile* profile = nullptr;  // when set, per-instruction times and live bytes are recorded
 };
 

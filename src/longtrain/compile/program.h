@@ -1,6 +1,8 @@
 // The step program (DESIGN.md): one micro-batch's forward, loss and backward as an explicit
 // list of instructions over parameter groups (blocks 0..L-1, head L, embed L+1), plus the
-// gradient reduction and optimizer step at the accumulation boundary. Compile passes rewrite
+// gradient reduction, and where the optimizer step falls (OptimizerStep, the last instruction:
+// the executor runs nothing for it, and the engine runs the step once the accumulation
+// boundary's micro-batch has returned, so control never climbs from the executor to the engine). Compile passes rewrite
 // this list; the executor runs it. Each block either is checkpointed (Forward keeps only its
 // input, RecomputeBackward recomputes it with grad and backpropagates) or keeps its autograd
 // graph from forward (ForwardGraph, then Backward without recompute): `activation_checkpointing`.
@@ -19,7 +21,7 @@ enum class OpCode {
   RecomputeBackward,  // recompute block g from kept x_g with grad, backprop dL/dx_{g+1}
   EmbedBackward,      // backprop dL/dx0 into the embedding
   ReduceGrads,        // start reducing group g's gradients (async)
-  OptimizerStep,      // wait for reductions, validate, step; boundary only
+  OptimizerStep,      // the step boundary, always last: the engine steps after the last micro-batch's run
   Prefetch,           // start gathering group g asynchronously; a later Gather(g) waits for it
   FreeActivation,     // free the kept input of block g (after its last use)
   OffloadActivation,  // move the kept input of block g to host memory

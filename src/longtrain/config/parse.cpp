@@ -428,4 +428,15 @@ Config loadConfig(const std::string& path, const std::vector<std::string>& overr
   return parseConfig(loadConfigJson(path, overrides), world);
 }
 
+std::map<std::string, std::string> agreedKeys(const Config& c) {
+  std::map<std::string, std::string> out;
+  const json flat = json::parse(c.source).flatten();  // named: items() only refers to it
+  for (const auto& [pointer, v] : flat.items()) {  // "/a/b" -> "a.b"
+    std::string key = pointer.substr(1);
+    std::replace(key.begin(), key.end(), '/', '.');
+    out[key] = v.dump();
+  }
+  return out;
+}
+
 }  // namespace lt::config

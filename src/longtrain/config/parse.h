@@ -6,6 +6,7 @@
 #pragma once
 #include <nlohmann/json_fwd.hpp>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,10 @@ Config parseConfig(const nlohmann::json& j, int world);
 Config loadConfig(const std::string& path, const std::vector<std::string>& overrides, int world);
 // The config file as JSON with the overrides applied (not validated yet).
 nlohmann::json loadConfigJson(const std::string& path, const std::vector<std::string>& overrides);
+
+// Every key of the config as given (c.source, after --set and init_from), dotted path -> JSON
+// text: what every rank of a job must hold the same (comm::BringUpOptions::agreed).
+std::map<std::string, std::string> agreedKeys(const Config& c);
 
 // Applies one `--set a.b.c=VALUE` override (VALUE is JSON; a bare word is taken as a string).
 void applyOverride(nlohmann::json& j, const std::string& assignment);

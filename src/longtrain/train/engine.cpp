@@ -105,17 +105,32 @@ std::vector<bool> bf16GatheredOf(const model::Model& m, const model::ModelConfig
 
 }  // namespace
 
+void agreeOnPlan(const config::RunPlan& plan, comm::Comm& world) {
+  const auto fields = plan.agreedFields();
+  const int64_t n = static_cast<int64_t>(fields.size());
+  auto lo = at::empty({n}, at::kDouble);
+  for (int64_t i = 0; i < n; ++i) lo[i] = fields[i].second;
+  auto hi = lo.clone();
+  world.allReduce(lo, comm::ReduceOp::Min).wait();
+  world.allReduce(hi, comm::ReduceOp::Max).wait();
+  for (int64_t i = 0; i < n; ++i)
+    LT_CHECK(lo[i].item<double>() == hi[i].item<double>(), "the ranks resolved the run plan differently: ",
+             fields[i].first, " is ", lo[i].item<double>(), " on some ranks and ", hi[i].item<double>(),
+             " on others (this rank: ", fields[i].second, "); the ranks' machines differ. Set the option ",
+             "explicitly in the config so that every rank takes the same");
+}
+
 Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg_(cfg), groups_(std::move(groups)) {
   const config::ParallelLayout& lay = cfg_.layout;
   LT_ASSERT(groups_.sp->size() == lay.P && groups_.world->size() == lay.world, "the groups and the config's layout ",
             "disagree: config validated for another world size");
   LT_ASSERT(lay.R == 1 || (groups_.spRing && groups_.spRing->size() == lay.R), "the config resolves SP to ",
             lay.describe(), " but comm::makeGroups was given no ring degree ", lay.R);
-  cfg_.model.oneDnnGemm = chooseOneDnnGemm();
-  if (cfg_.bf16) cfg_.model.bf16Compute = chooseBf16();  // against the fp32 route just chosen
-  cfg_.model.packedDocuments = cfg_.data.packing == "documents";
+  plan_.oneDnnGemm = chooseOneDnnGemm();
+  plan_.bf16Compute = cfg_.bf16 && chooseBf16();  // against the fp32 route just chosen
+  plan_.packedDocuments = cfg_.data.packing == "documents";
   // With init_from the weights come from its safetensors (loadInitialWeights, below).
-  model_ = std::make_unique<model::Model>(cfg_.model, cfg_.seed, /*initialize=*/cfg_.model.initFrom.empty());
+  model_ = std::make_unique<model::Model>(plan_.model(cfg_.model), cfg_.seed, /*initialize=*/cfg_.model.initFrom.empty());
   for (int g = 0; g < model_->numGroups(); ++g) {  // before ZeRO-3 frees the full tensors
     int64_t b = 0;
     for (const auto& p : model_->group(g)) b += p.tensor.numel() * 4;
@@ -126,7 +141,9 @@ Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg
   buildLoader();
   buildOptimizer(opts);
   if (!cfg_.model.initFrom.empty()) loadInitialWeights();
-  graphBlocks_ = chooseGraphBlocks();
+  plan_.memoryBudget = plan::memoryBudgetFor(cfg_, opts.localRanks > 0 ? opts.localRanks : groups_.world->size());
+  plan_.graphBlocks = chooseGraphBlocks();
+  agreeOnPlan(plan_, *groups_.world);
   buildProgram();
   buildExecutor();
 }
@@ -195,7 +212,7 @@ void Engine::buildOptimizer(const EngineOptions& opts) {
   const std::vector<double> decay = weightDecayOf(*model_, cfg_.optimizer);
   if (cfg_.zero.stage >= 1) {
     zero::Zero3Options zo = zeroOptions(cfg_, decay, opts);
-    if (cfg_.bf16Gathers) zo.bf16Params = bf16GatheredOf(*model_, cfg_.model);
+    if (cfg_.bf16Gathers) zo.bf16Params = bf16GatheredOf(*model_, model_->config());
     zero_ = std::make_unique<zero::Zero3>(*model_, groups_.world, groups_.dp->size(), std::move(zo));
     return;
   }
@@ -207,7 +224,7 @@ void Engine::buildOptimizer(const EngineOptions& opts) {
 
 // The step program: the base, rewritten by passes; a schedule swaps the pass list.
 void Engine::buildProgram() {
-  base_ = compile::baseProgram(model_->numBlocks(), graphBlocks_);
+  base_ = compile::baseProgram(model_->numBlocks(), plan_.graphBlocks);
   passCtx_.numBlocks = model_->numBlocks();
   passCtx_.tiedEmbeddings = cfg_.model.tieEmbeddings;
   passCtx_.prefetchBucketBytes = cfg_.zero.prefetchBucketSize * 4;
@@ -247,8 +264,7 @@ void Engine::buildExecutor() {
     hooks.reduceGrads = [this](int g, bool boundary) { zero_->reduceGrads(g, boundary); };
   else if (groups_.world->size() > 1)
     hooks.reduceGrads = [this](int g, bool boundary) { reduceGrads(g, boundary); };
-  hooks.optimizerStep = [this] { optimizerStep(); };
-  model::AttentionFn core = model::attentionCore(cfg_.model);
+  model::AttentionFn core = model::attentionCore(model_->config());
   model::AttentionFn attn = groups_.sp->size() > 1
                                 ? sp::sequenceParallelAttention(groups_.spUlysses, groups_.spRing, cfg_.layout,
                                                                 groups_.sp->rank(), core, cfg_.model.attentionChunk,
@@ -281,13 +297,13 @@ void Engine::makeActivationOffload() {
   else
     std::printf("longtrain: activation offload: no block input to offload (%d of %lld blocks keep their graph; the "
                 "last recomputed block's input stays in memory)\n",
-                graphBlocks_, (long long)cfg_.model.layers);
+                plan_.graphBlocks, (long long)cfg_.model.layers);
 }
 
 Engine::~Engine() = default;
 
 bool Engine::chooseBf16() {
-  const double fp32 = measureGemmPeakFlops(cfg_.model.oneDnnGemm ? kernels::GemmRoute::OneDnn : kernels::GemmRoute::Blas);
+  const double fp32 = measureGemmPeakFlops(plan_.oneDnnGemm ? kernels::GemmRoute::OneDnn : kernels::GemmRoute::Blas);
   const double bf16 = measureGemmPeakFlops(kernels::GemmRoute::Bf16);
   // Every rank must build the same model: bf16 only if it is faster on every rank.
   auto t = at::tensor({bf16 > fp32 || !cfg_.bf16OnlyIfFaster ? 1.0 : 0.0}, at::kDouble);
@@ -296,7 +312,7 @@ bool Engine::chooseBf16() {
   gemmPeakFlops_ = use ? bf16 : fp32;
   if (groups_.world->rank() == 0)
     std::printf("longtrain: bf16.enabled: bf16 GEMM %.1f GFLOP/s against fp32 (%s) %.1f on this CPU (1024^3, %d threads): %s\n",
-                bf16 / 1e9, cfg_.model.oneDnnGemm ? "oneDNN" : "BLAS", fp32 / 1e9, at::get_num_threads(),
+                bf16 / 1e9, plan_.oneDnnGemm ? "oneDNN" : "BLAS", fp32 / 1e9, at::get_num_threads(),
                 use ? "GEMMs run in bf16, weights and optimizer in fp32"
                     : "bf16 is slower here, training runs in fp32 (bf16.only_if_faster=false forces bf16)");
   return use;
@@ -312,9 +328,7 @@ bool Engine::chooseOneDnnGemm() {
 }
 
 int Engine::chooseGraphBlocks() {
-  memoryBudget_ = cfg_.train.memoryBudget > 0 ? cfg_.train.memoryBudget
-                                               : plan::memoryBudgetFor(cfg_, groups_.world->size());
-  int k = plan::graphBlocksFor(cfg_, groups_.world->size(), memoryBudget_);
+  const int k = plan::graphBlocksFor(plan_.applied(cfg_), groups_.world->size(), plan_.memoryBudget);
   // Every rank must run the same program (its collectives pair up): the smallest choice wins.
   auto t = at::tensor({static_cast<double>(k)}, at::kDouble);
   groups_.world->allReduce(t, comm::ReduceOp::Min).wait();
@@ -505,6 +519,7 @@ StepMetrics Engine::step() {
     compile::Profile prof;
     if (j == 0) ro.profile = &prof;
     auto st = exec_->run(program_, b, ro);
+    if (zero_) zero_->finishBackward(ro.boundary);
     if (j == 0) {
       lastProfile_ = std::move(prof);
       for (size_t i = 0; i < program_.code.size(); ++i)
@@ -515,6 +530,7 @@ StepMetrics Engine::step() {
     tokens += st.tokens;
     correct += st.correct;
   }
+  optimizerStep();  // where the program's OptimizerStep says: after the boundary's backward
   // Reported figures: mean over micro-batches and DP ranks; peak memory: max over ranks.
   auto sums = at::tensor({lossSum, static_cast<double>(tokens), static_cast<double>(correct)}, at::kDouble);
   groups_.world->allReduce(sums).wait();

@@ -21,6 +21,7 @@
 #include "longtrain/kernels/cpu_adam.h"
 #include "longtrain/model/model.h"
 #include "longtrain/sp/ulysses.h"
+#include "longtrain/config/run_plan.h"
 #include "longtrain/zero/zero3.h"
 
 namespace lt::train {
@@ -52,7 +53,13 @@ struct EngineOptions {
   // The CPUs this rank owns (process ranks: cores [l x c, (l + 1) x c) of local rank l); the
   // SuperOffload worker is pinned to the last of them. Empty: no pinning.
   std::vector<int> rankCpus;
+  // The ranks sharing this host's memory (the memory budget's divisor); 0: the world's size.
+  int localRanks = 0;
 };
+
+// Compares the plan's agreed fields over the world (collective); a mismatch is an lt::Error
+// naming the first field that differs.
+void agreeOnPlan(const config::RunPlan& plan, comm::Comm& world);
 
 class Engine : public ckpt::TrainState {
  public:
@@ -78,8 +85,10 @@ class Engine : public ckpt::TrainState {
   const data::Dataset& dataset() const { return *train_; }
   const data::Dataset* evalDataset() const { return eval_.get(); }  // null without eval samples
   // activation_checkpointing's choice: the last graphBlocks() blocks keep their autograd graph.
-  int graphBlocks() const { return graphBlocks_; }
-  int64_t memoryBudget() const { return memoryBudget_; }  // per rank, what "auto" chose against
+  int graphBlocks() const { return plan_.graphBlocks; }
+  int64_t memoryBudget() const { return plan_.memoryBudget; }  // per rank, what "auto" chose against
+  // The choices resolved at start (GEMM route, bf16, recompute, budget); config() stays as given.
+  const config::RunPlan& plan() const { return plan_; }
 
   // ckpt::TrainState (checkpoints save and restore through it).
   const Config& config() const override { return cfg_; }
@@ -111,7 +120,8 @@ class Engine : public ckpt::TrainState {
   void optimizerStep();
   void stepStageZero();  // reduced gradients in, clip or skip, CPU Adam
 
-  Config cfg_;
+  const Config cfg_;  // as given: measured choices live in plan_
+  config::RunPlan plan_;
   comm::Groups groups_;
   std::unique_ptr<model::Model> model_;
   std::shared_ptr<const data::Dataset> train_, eval_;
@@ -140,8 +150,6 @@ class Engine : public ckpt::TrainState {
   double lastGradNorm_ = 0, lastLr_ = 0;
   bool lastSkipped_ = false;
   int64_t skippedSteps_ = 0;  // stage 0 (ZeRO-3 counts its own)
-  int graphBlocks_ = 0;
-  int64_t memoryBudget_ = 0;
 };
 
 // Builds the dataset a config names (train split, or the eval split with its own seed).

@@ -49,7 +49,7 @@ class WeightCopy {
       step_ = engine.globalStep();
       auto params = engine.fullParameters();  // collective under ZeRO-3
       if (lead) {
-        if (!model_) model_ = std::make_unique<model::Model>(engine.config().model, 0, /*initialize=*/false);
+        if (!model_) model_ = std::make_unique<model::Model>(engine.model().config(), 0, /*initialize=*/false);
         auto mine = model_->parameters();
         at::NoGradGuard ng;
         for (size_t i = 0; i < mine.size(); ++i) mine[i].detach().copy_(params[i]);
@@ -246,7 +246,7 @@ void resume(Engine& engine, const std::string& from, bool lead) {
 // (bf16 GEMMs: against the bf16 peak, which the engine measured when it chose bf16.)
 double jobGemmPeak(Engine& engine) {
   const double mine = engine.measuredGemmPeakFlops() > 0 ? engine.measuredGemmPeakFlops()
-                                                          : measureGemmPeakFlops(model::gemmRoute(engine.config().model));
+                                                          : measureGemmPeakFlops(model::gemmRoute(engine.model().config()));
   auto t = at::tensor({mine}, at::kDouble);
   engine.groups().world->allReduce(t).wait();
   return t.item<double>();
@@ -256,13 +256,14 @@ void printBanner(const Engine& engine, double gemmPeak, double flopsPerToken, bo
   const Config& cfg = engine.config();
   const comm::Groups& g = engine.groups();
   const BlasKernelReport blas = blasKernelReport();
-  const char* route = !cfg.model.bf16Compute       ? (cfg.model.oneDnnGemm ? "fp32 (oneDNN)" : "fp32")
-                      : model::attentionInBf16(cfg.model) ? "bf16 (attention's products too)"
-                                                         : "bf16 (attention in fp32)";
+  const model::ModelConfig& m = engine.model().config();  // with the run plan's choices
+  const char* route = !m.bf16Compute               ? (m.oneDnnGemm ? "fp32 (oneDNN)" : "fp32")
+                      : model::attentionInBf16(m) ? "bf16 (attention's products too)"
+                                                  : "bf16 (attention in fp32)";
   std::printf("longtrain: blas core=%s (%s%s), %d threads/rank, %s GEMM peak %.1f GFLOP/s over all ranks "
               "(measured), allocator %s, %.3g model GFLOP/token\n",
               blas.core.empty() ? "unknown" : blas.core.c_str(), blas.describe().c_str(),
-              cfg.model.oneDnnGemm ? "; the model's GEMMs run on oneDNN" : "", at::get_num_threads(), route,
+              m.oneDnnGemm ? "; the model's GEMMs run on oneDNN" : "", at::get_num_threads(), route,
               gemmPeak / 1e9, allocatorName().c_str(), flopsPerToken / 1e9);
   std::printf("longtrain: %d rank(s) (sp=%d: %s, dp=%d), model %.2fM params (%lld layers, hidden %lld), data %s\n",
               g.world->size(), g.sp->size(), cfg.layout.describe().c_str(), g.dp->size(), cfg.model.numParams() / 1e6,
@@ -274,7 +275,7 @@ void printBanner(const Engine& engine, double gemmPeak, double flopsPerToken, bo
   std::printf("longtrain: activation_checkpointing \"%s\": %d of %d blocks keep their graph, %d recomputed "
               "(budget %.0f MiB/rank, predicted peak %.0f MiB)\n",
               cfg.activationCheckpointing.c_str(), k, L, L - k, engine.memoryBudget() / 1048576.0,
-              plan::predictPeak(cfg, g.world->size(), k).total() / 1048576.0);
+              plan::predictPeak(engine.plan().applied(cfg), g.world->size(), k).total() / 1048576.0);
   if (cfg.data.evalFraction > 0 && engine.evalDataset())
     std::printf("longtrain: eval on the held-out %.1f%% of windows; unigram baseline loss %.4f (the training "
                 "windows' token frequencies)\n",

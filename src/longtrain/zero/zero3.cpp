@@ -297,11 +297,13 @@ void Zero3::reduceGrads(int group, bool boundary) {
     pi.tensor.mutable_grad() = at::Tensor();  // the full gradient lives only in its bucket now
     buckets_->add({i, pi.subGroup, g});
   }
-  if (++groupsReduced_ == static_cast<int>(groupParams_.size())) {  // every group's backward is done
-    groupsReduced_ = 0;
-    buckets_->finish();
-    buckets_->resetStep();
-  }
+  pollReduces(false);
+}
+
+void Zero3::finishBackward(bool boundary) {
+  if (o_.stage == 1 && !boundary) return;  // nothing was handed over this micro-batch
+  buckets_->finish();
+  buckets_->resetStep();
   pollReduces(false);
 }
 

@@ -118,6 +118,9 @@ class Zero3 {
   void releaseAll();  // step() calls it: a gathered copy is stale once masters change
   // boundary: the last micro-batch of the optimizer step (gradients become final).
   void reduceGrads(int group, bool boundary);
+  // After every micro-batch's backward (the engine calls it when the executor returns): sends
+  // the buckets still partly filled. Called with the micro-batch's `boundary`.
+  void finishBackward(bool boundary);
   // lr is the learning rate of the step being taken; call setLr before backward so that
   // speculative steps use it.
   void setLr(double lr);
@@ -213,7 +216,6 @@ class Zero3 {
   std::unique_ptr<IpgBuckets> buckets_;
   Fifo<PendingReduce> pending_;
   bool boundary_ = false;
-  int groupsReduced_ = 0;  // in this micro-step
   int dispatched_ = 0;
   Ledger ledger_;
   int64_t skipped_ = 0;

@@ -1,0 +1,33 @@
+// The subcommands of `longtrain`, one file each: a factory registers its options on the app and
+// returns how to run it. Non-obvious: each factory keeps its flags alive in the closure it
+// returns, so main() holds no per-command state and stays a list of registrations.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <nlohmann/json_fwd.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace lt::cli {
+
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;  // the exit status
+};
+
+// argv: the command line, which the launcher re-runs in each rank.
+Command trainCommand(CLI::App& app, int argc, char** argv);
+Command evalCommand(CLI::App& app, int argc, char** argv);
+Command planCommand(CLI::App& app);
+Command configCommand(CLI::App& app);
+Command exportCommand(CLI::App& app);
+Command generateCommand(CLI::App& app);
+Command tokenizeCommand(CLI::App& app);
+Command plotCommand(CLI::App& app);
+Command infoCommand(CLI::App& app);
+
+// --nproc wins; else the config's train.nproc (validated later by parseConfig); else 1.
+int nprocOf(const nlohmann::json& j, int nprocFlag);
+
+}  // namespace lt::cli

@@ -1,0 +1,150 @@
+// `longtrain plan` (each rank's predicted peak memory, or the longest seq_len within a budget and
+// the ablation ladder's) and `longtrain config` (the config checked as train checks it, printed
+// with every default). Both read a config and run nothing. Non-obvious: plan assumes bf16 GEMMs
+// when bf16.enabled, while a run measures and may fall back to fp32 (plan says so).
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "longtrain/cli/command.h"
+#include "longtrain/config/parse.h"
+#include "longtrain/plan/memory_model.h"
+
+namespace lt::cli {
+
+namespace {
+
+struct ConfigFlags {
+  std::string config, maxSeq;
+  int nproc = 0;
+  std::vector<std::string> sets;
+  bool print = false;
+};
+
+double mib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
+
+void printBreakdown(const plan::MemoryBreakdown& m) {
+  std::printf("per-rank peak (MiB), at %s:\n", m.phase.c_str());
+  const std::pair<const char*, int64_t> rows[] = {
+      {"baseline (process)", m.baseline}, {"parameters", m.parameters}, {"gradients", m.gradients},
+      {"optimizer states", m.optimizer},  {"kept activations", m.activations}, {"transient", m.transient},
+      {"allocator retained", m.retained}};
+  for (const auto& [name, b] : rows) std::printf("  %-20s %10.1f\n", name, mib(b));
+  std::printf("  %-20s %10.1f\n", "total", mib(m.total()));
+  if (m.offloaded > 0) std::printf("  %-20s %10.1f (train.offload_dir, not in the total)\n", "offloaded to disk", mib(m.offloaded));
+}
+
+void printHeader(const config::Config& cfg, int world) {
+  const auto& m = cfg.model;
+  std::printf("plan: %.2fM params (%lld layers, hidden %lld, %lld heads, vocab %lld), micro batch %lld, "
+              "world %d, sp %d, zero stage %d%s\n",
+              m.numParams() / 1e6, (long long)m.layers, (long long)m.hidden, (long long)m.heads,
+              (long long)m.vocabSize, (long long)cfg.microBatch, world, cfg.sequenceParallelSize, cfg.zero.stage,
+              cfg.zero.offloadOptimizer.superOffload ? " + super_offload" : "");
+  std::printf("      attention %s (tile %lld), loss_chunk %lld, tiled_mlp %s%s\n", m.attention.c_str(),
+              (long long)m.attentionChunk, (long long)m.lossChunk, m.tiledMlp ? "true" : "false",
+              m.bf16Compute ? ", bf16 GEMMs (assumed faster on the run's CPU; it measures)" : "");
+}
+
+void printPeak(const config::Config& cfg, int world) {
+  const int64_t acBudget = plan::memoryBudgetFor(cfg, world);
+  const int k = plan::graphBlocksFor(cfg, world, acBudget);
+  std::printf("seq_len %lld\n", (long long)cfg.data.seqLen);
+  std::printf("activation_checkpointing \"%s\": %d of %lld blocks keep their graph, %lld recomputed "
+              "(budget %.0f MiB/rank%s)\n",
+              cfg.activationCheckpointing.c_str(), k, (long long)cfg.model.layers, (long long)(cfg.model.layers - k),
+              mib(acBudget), cfg.train.memoryBudget > 0 ? ", train.memory_budget" : ": 90% of this host's available memory / ranks");
+  printBreakdown(plan::predictPeak(cfg, world, k));
+}
+
+// The longest seq_len of `c` on `w` ranks within `budget`, and its predicted peak in MiB ("-": none).
+int64_t longestSeq(const config::Config& c, int w, int64_t budget, std::string* peak) {
+  const int64_t s = plan::maxSeqLen(c, w, budget);
+  *peak = "-";
+  if (s > 0) {
+    config::Config at = c;
+    at.data.seqLen = s;
+    *peak = std::to_string(static_cast<int64_t>(mib(plan::predictPeak(at, w).total())));
+  }
+  return s;
+}
+
+void printMaxSeq(const config::Config& cfg, int world, int64_t budget) {
+  std::printf("budget %.1f MiB per rank\n", mib(budget));
+  std::string peak;
+  const int64_t s = longestSeq(cfg, world, budget, &peak);
+  if (s > 0) std::printf("this config: longest seq_len %lld (predicted peak %s MiB)\n", (long long)s, peak.c_str());
+  else std::printf("this config: nothing fits (the shortest seq_len %lld does not)\n", (long long)plan::minSeqLen(cfg));
+  std::printf("ablation ladder:\n  %-28s %5s %9s %9s  %s\n", "rung", "ranks", "seq_len", "peak_MiB",
+              "options (--nproc ranks --set ...)");
+  for (const auto& r : plan::ablationLadder(cfg)) {
+    std::string opts;
+    for (const auto& o : r.sets) opts += (opts.empty() ? "" : " ") + o;
+    if (!r.skipped.empty()) {
+      std::printf("  %-28s %5d %9s %9s  skipped: %s\n", r.name.c_str(), r.world, "-", "-", r.skipped.c_str());
+      continue;
+    }
+    const int64_t rs = longestSeq(r.cfg, r.world, budget, &peak);
+    std::printf("  %-28s %5d %9lld %9s  %s\n", r.name.c_str(), r.world, (long long)rs, peak.c_str(), opts.c_str());
+  }
+}
+
+int runPlan(const ConfigFlags& f) {
+  nlohmann::json j = config::loadConfigJson(f.config, f.sets);
+  const int world = nprocOf(j, f.nproc);
+  config::Config cfg = config::parseConfig(j, world);
+  cfg.model.bf16Compute = cfg.bf16;  // the run measures whether bf16 is faster; plan assumes it is
+  const int64_t budget = f.maxSeq.empty() ? 0 : plan::parseBytes(f.maxSeq);
+  printHeader(cfg, world);
+  if (f.maxSeq.empty()) printPeak(cfg, world);
+  else printMaxSeq(cfg, world, budget);
+  return 0;
+}
+
+int runConfig(const ConfigFlags& f) {
+  nlohmann::json j = config::loadConfigJson(f.config, f.sets);
+  const config::Config cfg = config::parseConfig(j, nprocOf(j, f.nproc));
+  if (f.print) std::printf("%s\n", cfg.effective.c_str());
+  else std::printf("config: %s is valid (--print shows it with every default)\n", f.config.c_str());
+  return 0;
+}
+
+// CONFIG, --nproc and --set, as plan and config share them.
+void addConfigOptions(CLI::App* c, ConfigFlags& f) {
+  c->add_option("CONFIG", f.config, "path of the JSON config")->required();
+  c->add_option("--nproc", f.nproc, "ranks the config would run on (default: the config's train.nproc)")
+      ->check(CLI::Range(1, 1024));
+  c->add_option("--set", f.sets, "override a config key by its dotted path with a JSON value (repeatable)");
+}
+
+}  // namespace
+
+int nprocOf(const nlohmann::json& j, int nprocFlag) {
+  if (nprocFlag > 0) return nprocFlag;
+  if (j.contains("train") && j["train"].is_object() && j["train"].contains("nproc") &&
+      j["train"]["nproc"].is_number_integer())
+    return std::max(1, j["train"]["nproc"].get<int>());
+  return 1;
+}
+
+Command planCommand(CLI::App& app) {
+  auto f = std::make_shared<ConfigFlags>();
+  auto* plan = app.add_subcommand("plan", "predict each rank's peak memory for a config, or (--max-seq) the "
+                                          "longest seq_len within a per-rank budget; runs nothing");
+  addConfigOptions(plan, *f);
+  plan->add_option("--max-seq", f->maxSeq, "per-rank byte budget (4GiB, 512MiB, 1.5GB or plain bytes): print the "
+                                           "longest seq_len that fits, and the ablation ladder's");
+  return {plan, [f] { return runPlan(*f); }};
+}
+
+Command configCommand(CLI::App& app) {
+  auto f = std::make_shared<ConfigFlags>();
+  auto* c = app.add_subcommand("config", "check a config (every rule `train` applies) and, with --print, print it "
+                                         "with every default filled in, as JSON");
+  addConfigOptions(c, *f);
+  c->add_flag("--print", f->print, "print the effective config: every key, given or default, as train would use it");
+  return {c, [f] { return runConfig(*f); }};
+}
+
+}  // namespace lt::cli

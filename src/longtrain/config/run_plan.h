@@ -1,0 +1,32 @@
+// The choices a run makes once, at start, from measurements and the machine: the fp32 GEMM
+// route, whether GEMMs run in bf16, which blocks keep their graph, the memory budget. They are
+// kept apart from the Config, which stays as the user wrote it (checkpoints record that one).
+// Non-obvious: whatever shapes the collectives or the numerics must be the same on every
+// rank, so those fields are compared over the world (train::agreeOnPlan) and a mismatch
+// names the first that differs; the memory budget is this rank's own and is not compared.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "longtrain/config/config.h"
+
+namespace lt::config {
+
+struct RunPlan {
+  bool oneDnnGemm = false;       // model.gemm resolved: fp32 GEMMs on oneDNN's sgemm
+  bool bf16Compute = false;      // bf16.enabled resolved: the GEMMs run in bf16
+  bool packedDocuments = false;  // data.packing "documents": attention stops at document boundaries
+  int graphBlocks = 0;           // activation_checkpointing resolved: the last k blocks keep their graph
+  int64_t memoryBudget = 0;      // this rank's bytes, what "auto" chose against (not compared)
+
+  // The fields every rank must hold the same, by config-style name, as numbers.
+  std::vector<std::pair<std::string, double>> agreedFields() const;
+  // The model's options: its config section with the plan's choices in.
+  ModelConfig model(const ModelConfig& m) const;
+  // The config with the plan's choices in (what the memory model predicts this run from).
+  Config applied(const Config& c) const;
+};
+
+}  // namespace lt::config
