@@ -41,7 +41,7 @@ fs::path writeTokens(const fs::path& p, int n, int vocab, int eos = -1) {
 }
 
 // The independent figure: per-target losses from Model::forward (naive core), bucketed.
-lt::train::PositionLoss reference(const lt::model::Model& m, const fs::path& file, int64_t S, int64_t eos) {
+lt::train::PositionLoss reference(lt::model::Model& m, const fs::path& file, int64_t S, int64_t eos) {
   lt::data::TokenFileDataset d(file.string(), 2, S, m.config().vocabSize, {eos, 0, -1});
   lt::train::PositionLoss r;
   for (int64_t start = 1; start < S; start *= 2) r.buckets.push_back({start, std::min(start * 2, S), 0, 0});

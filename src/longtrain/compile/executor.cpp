@@ -13,7 +13,7 @@
 
 namespace lt::compile {
 
-Executor::Executor(const model::Model& m, model::AttentionFn attn, Hooks hooks, ActivationOffload* offload)
+Executor::Executor(model::Model& m, model::AttentionFn attn, Hooks hooks, ActivationOffload* offload)
     : model_(m), attn_(std::move(attn)), hooks_(std::move(hooks)), offload_(offload) {}
 
 // One micro-batch's activations while the program runs.
@@ -179,7 +179,7 @@ void addLoss(const model::LossSum& ls, MicroBatchStats& st) { addLoss(ls.sum.ite
 void addLoss(const model::Model::TileLoss& tl, MicroBatchStats& st) { addLoss(tl.sum, tl.count, tl.correct, st); }
 }  // namespace
 
-void Executor::loss(const at::Tensor& h, const at::Tensor& shiftLabels, MicroBatchStats& st) const {
+void Executor::loss(const at::Tensor& h, const at::Tensor& shiftLabels, MicroBatchStats& st) {
   const int64_t S = h.size(1), tile = lossTile(S);
   for (int64_t s0 = 0; s0 < S; s0 += tile) {
     const int64_t s1 = std::min(S, s0 + tile);
@@ -189,7 +189,7 @@ void Executor::loss(const at::Tensor& h, const at::Tensor& shiftLabels, MicroBat
 }
 
 at::Tensor Executor::lossAndGrad(const at::Tensor& h, const at::Tensor& shiftLabels, double scale,
-                                 MicroBatchStats& st) const {
+                                 MicroBatchStats& st) {
   const int64_t S = h.size(1), tile = lossTile(S);
   at::Tensor gradH = tile < S ? at::empty_like(h) : at::Tensor();
   for (int64_t s0 = 0; s0 < S; s0 += tile) {

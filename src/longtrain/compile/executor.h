@@ -45,7 +45,7 @@ class Executor {
  public:
   // `offload`: where OffloadActivation writes kept inputs (train.offload_dir); null: the
   // instructions only account (the tensors stay in memory). Not owned.
-  Executor(const model::Model& m, model::AttentionFn attn, Hooks hooks, ActivationOffload* offload = nullptr);
+  Executor(model::Model& m, model::AttentionFn attn, Hooks hooks, ActivationOffload* offload = nullptr);
   MicroBatchStats run(const Program& p, const data::Batch& batch, const RunOptions& o);
   // Forward only (for evaluation): runs the forward part of the program under no-grad.
   MicroBatchStats evaluate(const Program& p, const data::Batch& batch);
@@ -57,10 +57,10 @@ class Executor {
   // [B, S, vocab] logits never exist whole (DeepSpeed's TiledFusedLogitsLoss): its sums into
   // `st`, and with lossAndGrad dLoss/dh, the loss scaled by `scale` before backward.
   int64_t lossTile(int64_t S) const;
-  void loss(const at::Tensor& h, const at::Tensor& shiftLabels, MicroBatchStats& st) const;
-  at::Tensor lossAndGrad(const at::Tensor& h, const at::Tensor& shiftLabels, double scale, MicroBatchStats& st) const;
+  void loss(const at::Tensor& h, const at::Tensor& shiftLabels, MicroBatchStats& st);
+  at::Tensor lossAndGrad(const at::Tensor& h, const at::Tensor& shiftLabels, double scale, MicroBatchStats& st);
 
-  const model::Model& model_;
+  model::Model& model_;  // its gradients and kept buffers are written
   model::AttentionFn attn_;
   Hooks hooks_;
   ActivationOffload* offload_;

@@ -212,18 +212,22 @@ std::vector<at::Tensor> Model::parameters() const {
 
 at::Tensor Model::embed(const at::Tensor& ids) const { return at::embedding(embed_, ids); }
 
-void Model::embedBackward(const at::Tensor& ids, const at::Tensor& gradOut) const {
+void Model::embedBackward(const at::Tensor& ids, const at::Tensor& gradOut) {
   auto g = at::embedding_dense_backward(gradOut, ids, cfg_.vocabSize, /*padding_idx=*/-1, /*scale_grad=*/false);
-  auto& acc = const_cast<at::Tensor&>(embed_).mutable_grad();
+  auto& acc = embed_.mutable_grad();
   if (acc.defined()) acc.add_(g);
   else acc = g;
 }
 
-Model::Qkv Model::projectQkv(const Block& k, const at::Tensor& h, bool oneGemm) const {
+at::Tensor Model::norm(const at::Tensor& x, const at::Tensor& w) const {
+  return cfg_.fusedKernels ? fusedRmsNorm(x, w, cfg_.normEps) : rmsNorm(x, w, cfg_.normEps);
+}
+
+Model::Qkv Model::projectQkv(const Block& k, const at::Tensor& h) const {
   const int64_t B = h.size(0), S = h.size(1), H = cfg_.heads, KV = cfg_.kvHeads, Dh = cfg_.headDim();
   const GemmRoute gemm = gemmRoute(cfg_);
   Qkv r;
-  if (oneGemm) {  // one GEMM against [wq; wk; wv], then views of its columns
+  if (cfg_.fusedKernels) {  // one GEMM against [wq; wk; wv], then views of its columns
     const int64_t qDim = cfg_.qDim(), kvDim = KV * Dh;
     auto qkv = linear(h, at::cat({k.wq, k.wk, k.wv}), gemm);
     if (k.bq.defined()) qkv = qkv + at::cat({k.bq, k.bk, k.bv});
@@ -251,30 +255,26 @@ at::Tensor Model::outputProjection(const Block& k, const at::Tensor& a) const {
   return k.bo.defined() ? y + k.bo : y;
 }
 
-at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const AttentionFn& attn) const {
-  const auto& k = blocks_[b];
-  const int64_t B = x.size(0), S = x.size(1), H = cfg_.heads, Dh = cfg_.headDim();
-  const bool fused = cfg_.fusedKernels;
-  const GemmRoute gemm = gemmRoute(cfg_);
-  auto h = norm(x, k.attnNorm);
-  auto [q, kk, v] = projectQkv(k, h, fused);
-  if (fused) {
-    auto [cos, sin] = ropeTableFor(pos);
-    q = fusedRope(q, {cos, sin});    // [B, S, H, Dh]
-    kk = fusedRope(kk, {cos, sin});  // [B, S, KV, Dh]
-  } else {
-    q = rope(q, pos, cfg_.ropeTheta, cfg_.ropeScaling);
-    kk = rope(kk, pos, cfg_.ropeTheta, cfg_.ropeScaling);
-  }
-  auto a = attn(q, kk, v, cfg_.packedDocuments ? pos : at::Tensor()).reshape({B, S, H * Dh});
-  auto x1 = x + outputProjection(k, a);
-  auto m = norm(x1, k.mlpNorm);
-  // DeepSpeed's default shard count; every SP rank holds S/P tokens, so all agree on it.
-  const int64_t shards = cfg_.tiledMlp ? std::max<int64_t>(1, (S + cfg_.hidden - 1) / cfg_.hidden) : 1;
-  return x1 + tiledMlp(m, k.wGate, k.wUp, k.wDown, shards, {fused, gemm});
+at::Tensor Model::rotate(const at::Tensor& x, const at::Tensor& pos) {
+  if (!cfg_.fusedKernels) return rope(x, pos, cfg_.ropeTheta, cfg_.ropeScaling);
+  auto [cos, sin] = ropeTableFor(pos);
+  return fusedRope(x, {cos, sin});
 }
 
-std::pair<at::Tensor, at::Tensor> Model::ropeTableFor(const at::Tensor& pos) const {
+at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const AttentionFn& attn) {
+  const auto& k = blocks_[b];
+  const int64_t B = x.size(0), S = x.size(1), H = cfg_.heads, Dh = cfg_.headDim();
+  auto [q, kk, v] = projectQkv(k, norm(x, k.attnNorm));
+  q = rotate(q, pos);    // [B, S, H, Dh]
+  kk = rotate(kk, pos);  // [B, S, KV, Dh]
+  auto a = attn(q, kk, v, cfg_.packedDocuments ? pos : at::Tensor()).reshape({B, S, H * Dh});
+  auto x1 = x + outputProjection(k, a);
+  // DeepSpeed's default shard count; every SP rank holds S/P tokens, so all agree on it.
+  const int64_t shards = cfg_.tiledMlp ? std::max<int64_t>(1, (S + cfg_.hidden - 1) / cfg_.hidden) : 1;
+  return x1 + tiledMlp(norm(x1, k.mlpNorm), k.wGate, k.wUp, k.wDown, shards, {cfg_.fusedKernels, gemmRoute(cfg_)});
+}
+
+std::pair<at::Tensor, at::Tensor> Model::ropeTableFor(const at::Tensor& pos) {
   if (!rope_.pos.defined() || !rope_.pos.sizes().equals(pos.sizes()) || !at::equal(rope_.pos, pos)) {
     at::NoGradGuard ng;
     auto t = ropeTable(pos, cfg_.headDim(), cfg_.ropeTheta, cfg_.ropeScaling);
@@ -284,22 +284,21 @@ std::pair<at::Tensor, at::Tensor> Model::ropeTableFor(const at::Tensor& pos) con
 }
 
 at::Tensor Model::logits(const at::Tensor& x) const {
-  auto h = cfg_.fusedKernels ? fusedRmsNorm(x, finalNorm_, cfg_.normEps) : rmsNorm(x, finalNorm_, cfg_.normEps);
-  return linear(h, lmHead_.defined() ? lmHead_ : embed_, gemmRoute(cfg_));
+  return linear(norm(x, finalNorm_), lmHead_.defined() ? lmHead_ : embed_, gemmRoute(cfg_));
 }
 
 // One [T, V] buffer (headBuffer_, kept between calls): the logits, then exp(logits - max), then
 // the probabilities, then dL/dlogits; the three GEMMs read it (and x, w) in place.
-Model::TileLoss Model::headLoss(const at::Tensor& h, const at::Tensor& shiftLabels, double scale) const {
+Model::TileLoss Model::headLoss(const at::Tensor& h, const at::Tensor& shiftLabels, double scale) {
   const bool backward = scale != 0;
   const GemmRoute gemm = gemmRoute(cfg_);
-  const at::Tensor& w = lmHead_.defined() ? lmHead_ : embed_;
+  at::Tensor& w = lmHead_.defined() ? lmHead_ : embed_;
   auto hs = h.detach();
   if (backward) hs.requires_grad_(true);
   at::Tensor hn;
   {
     at::AutoGradMode grad(backward);  // the norm's graph only
-    hn = cfg_.fusedKernels ? fusedRmsNorm(hs, finalNorm_, cfg_.normEps) : rmsNorm(hs, finalNorm_, cfg_.normEps);
+    hn = norm(hs, finalNorm_);
   }
   at::NoGradGuard ng;
   const auto x = hn.detach().reshape({-1, hn.size(-1)}).contiguous(), wd = w.detach();
@@ -329,7 +328,7 @@ Model::TileLoss Model::headLoss(const at::Tensor& h, const at::Tensor& shiftLabe
   // bf16 route: both products read one bf16 rounding of the gradient, in the buffer itself.
   const auto dLogits = gemm == GemmRoute::Bf16 ? toBf16InPlace(p) : p;
   auto dw = matmul(dLogits, true, x, false, gemm);  // [V, D]
-  auto& acc = const_cast<at::Tensor&>(w).mutable_grad();
+  auto& acc = w.mutable_grad();
   if (acc.defined()) acc.add_(dw);
   else acc = dw;
   auto dx = matmul(dLogits, false, wd, false, gemm).view_as(hn);
@@ -341,61 +340,9 @@ Model::TileLoss Model::headLoss(const at::Tensor& h, const at::Tensor& shiftLabe
   return out;
 }
 
-at::Tensor Model::forward(const at::Tensor& ids, const at::Tensor& pos, const AttentionFn& attn) const {
+at::Tensor Model::forward(const at::Tensor& ids, const at::Tensor& pos, const AttentionFn& attn) {
   auto x = embed(ids);
   for (int b = 0; b < numBlocks(); ++b) x = block(b, x, pos, attn);
-  return logits(x);
-}
-
-// ---------------------------------------------------------------------------- decoding
-KvCache::KvCache(const Model& m, int64_t batch, int64_t cap) : capacity(cap) {
-  const auto& c = m.config();
-  for (int b = 0; b < m.numBlocks(); ++b) {
-    k.push_back(at::empty({batch, cap, c.kvHeads, c.headDim()}, at::kFloat));
-    v.push_back(at::empty({batch, cap, c.kvHeads, c.headDim()}, at::kFloat));
-  }
-}
-
-at::Tensor Model::norm(const at::Tensor& x, const at::Tensor& w) const {
-  return cfg_.fusedKernels ? fusedRmsNorm(x, w, cfg_.normEps) : rmsNorm(x, w, cfg_.normEps);
-}
-
-// block() for new tokens at positions `pos` attending to the cache (plain softmax: decoding
-// steps are one query long, and a prompt's [T, T] scores are small next to training's). With a
-// sliding window only the cache's last W - 1 entries and the new tokens are read (keys from `lo`).
-at::Tensor Model::decodeBlock(int b, const at::Tensor& x, const at::Tensor& pos, KvCache& cache) const {
-  const auto& k = blocks_[b];
-  const int64_t B = x.size(0), T = x.size(1), H = cfg_.heads, KV = cfg_.kvHeads, Dh = cfg_.headDim();
-  const int64_t past = cache.length, total = past + T;
-  auto h = norm(x, k.attnNorm);
-  auto p = projectQkv(k, h, /*oneGemm=*/false);
-  auto q = rope(p.q, pos, cfg_.ropeTheta, cfg_.ropeScaling);
-  cache.k[b].narrow(1, past, T).copy_(rope(p.k, pos, cfg_.ropeTheta, cfg_.ropeScaling));
-  cache.v[b].narrow(1, past, T).copy_(p.v);
-  const int64_t lo = cfg_.slidingWindow > 0 ? std::max<int64_t>(0, past - (cfg_.slidingWindow - 1)) : 0;
-  auto keys = cache.k[b].narrow(1, lo, total - lo), values = cache.v[b].narrow(1, lo, total - lo);
-  if (KV != H) {
-    keys = keys.repeat_interleave(H / KV, 2);
-    values = values.repeat_interleave(H / KV, 2);
-  }
-  auto scores = at::matmul(q.transpose(1, 2), keys.transpose(1, 2).transpose(-2, -1)) / std::sqrt(double(Dh));
-  auto rows = at::arange(past, total, at::kLong).unsqueeze(1), cols = at::arange(lo, total, at::kLong).unsqueeze(0);
-  auto hidden = cols > rows;
-  if (cfg_.slidingWindow > 0) hidden = hidden | (cols <= rows - cfg_.slidingWindow);
-  scores = scores.masked_fill(hidden, -std::numeric_limits<float>::infinity());  // [B, H, T, total - lo]
-  auto a = at::matmul(at::softmax(scores, -1), values.transpose(1, 2)).transpose(1, 2).reshape({B, T, H * Dh});
-  auto x1 = x + outputProjection(k, a);
-  return x1 + tiledMlp(norm(x1, k.mlpNorm), k.wGate, k.wUp, k.wDown, 1, {cfg_.fusedKernels, gemmRoute(cfg_)});
-}
-
-at::Tensor Model::decode(const at::Tensor& ids, KvCache& cache) const {
-  const int64_t T = ids.size(1);
-  LT_CHECK(cache.length + T <= cache.capacity, "decode: the KV cache holds ", cache.capacity, " tokens, ",
-           cache.length + T, " asked for");
-  auto pos = (at::arange(T, at::kLong) + cache.length).unsqueeze(0).expand({ids.size(0), T});
-  auto x = embed(ids);
-  for (int b = 0; b < numBlocks(); ++b) x = decodeBlock(b, x, pos, cache);
-  cache.length += T;
   return logits(x);
 }
 

@@ -67,15 +67,6 @@ struct NamedParam {
   at::Tensor tensor;
 };
 
-class Model;
-
-// Keys and values of every block for decoding ([B, capacity, KV, Dh] each, filled to length).
-struct KvCache {
-  KvCache(const Model& m, int64_t batch, int64_t capacity);
-  std::vector<at::Tensor> k, v;
-  int64_t length = 0, capacity = 0;
-};
-
 class Model {
  public:
   // initialize=false leaves the weights uninitialized (at::empty: pages untouched until
@@ -90,12 +81,17 @@ class Model {
   // Groups in Hugging Face parameter order: embed, blocks 0..L-1, head.
   std::vector<int> groupOrder() const;
 
-  at::Tensor embed(const at::Tensor& ids) const;                                           // [B,S] -> [B,S,D]
+  // The forward pieces. Non-const where they write the model's gradients or its RoPE table and
+  // loss buffer (kept from call to call), so one Model serves one thread at a time.
+  at::Tensor embed(const at::Tensor& ids) const;  // [B,S] -> [B,S,D]
   // Accumulates dLoss/d(embedding weight) from dLoss/d(embed(ids)); reads no weight values,
   // so under ZeRO-3 the embedding need not be gathered for it.
-  void embedBackward(const at::Tensor& ids, const at::Tensor& gradOut) const;
-  at::Tensor block(int b, const at::Tensor& x, const at::Tensor& pos, const AttentionFn& attn) const;  // [B,S,D]
-  at::Tensor logits(const at::Tensor& x) const;                                            // [B,S,D] -> [B,S,V]
+  void embedBackward(const at::Tensor& ids, const at::Tensor& gradOut);
+  // One decoder block, [B,S,D] -> [B,S,D], for training and decoding alike: `attn` sees the
+  // block's rotated q, k, v of these S tokens; a decoding core (generate.h) keeps k and v in a
+  // KV cache and attends over it. `pos` [B,S] are the tokens' absolute positions.
+  at::Tensor block(int b, const at::Tensor& x, const at::Tensor& pos, const AttentionFn& attn);
+  at::Tensor logits(const at::Tensor& x) const;  // [B,S,D] -> [B,S,V]
 
   // The LM head fused with the loss, for one tile h [B, T, D] and its shift labels [B, T]: the
   // final norm (under autograd), the logits GEMM, log-softmax, loss and, when `scale` != 0,
@@ -107,17 +103,14 @@ class Model {
     int64_t count = 0, correct = 0;
     at::Tensor gradH;  // [B, T, D] when scale != 0
   };
-  TileLoss headLoss(const at::Tensor& h, const at::Tensor& shiftLabels, double scale) const;
+  TileLoss headLoss(const at::Tensor& h, const at::Tensor& shiftLabels, double scale);
 
   // Parameters of a group, with Hugging Face Llama names.
   const std::vector<NamedParam>& group(int g) const { return groups_[g]; }
   std::vector<at::Tensor> parameters() const;  // in groupOrder()
 
   // Whole-model forward with plain autograd: the reference the step program is tested against.
-  at::Tensor forward(const at::Tensor& ids, const at::Tensor& pos, const AttentionFn& attn) const;
-  // Decoding: the logits [B, T, V] of `ids` [B, T], the tokens following the cache's; their
-  // keys and values are appended to it (generate.h). Call under no-grad.
-  at::Tensor decode(const at::Tensor& ids, KvCache& cache) const;
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& pos, const AttentionFn& attn);
 
  private:
   struct Block {
@@ -127,23 +120,23 @@ class Model {
   struct Qkv {
     at::Tensor q, k, v;  // [B, S, heads, Dh], biased and (q, k) normed, not yet rotated
   };
-  // oneGemm: one GEMM against [wq; wk; wv] and views of its columns (the fused kernels' path).
-  Qkv projectQkv(const Block& k, const at::Tensor& h, bool oneGemm) const;
+  // Fused kernels: one GEMM against [wq; wk; wv] and views of its columns.
+  Qkv projectQkv(const Block& k, const at::Tensor& h) const;
   at::Tensor outputProjection(const Block& k, const at::Tensor& a) const;
   // RoPE's cos/sin for the positions last seen: every block of a step shares one table.
   // Keyed by the positions' values (a freed tensor's address can come back with new ones).
   struct RopeCache {
     at::Tensor pos, cos, sin;
   };
-  std::pair<at::Tensor, at::Tensor> ropeTableFor(const at::Tensor& pos) const;
+  std::pair<at::Tensor, at::Tensor> ropeTableFor(const at::Tensor& pos);
+  at::Tensor rotate(const at::Tensor& x, const at::Tensor& pos);  // RoPE, fused or not per the config
   at::Tensor norm(const at::Tensor& x, const at::Tensor& w) const;
-  at::Tensor decodeBlock(int b, const at::Tensor& x, const at::Tensor& pos, KvCache& cache) const;
   ModelConfig cfg_;
-  mutable RopeCache rope_;
+  RopeCache rope_;
   // headLoss's [B x tile, V] buffer, kept from call to call and grown when a tile needs more:
   // freed and allocated anew each step, tcmalloc left the freed span fragmented by the next
   // step's smaller allocations and mapped a second one (measured: +1 buffer from step 2 on).
-  mutable at::Tensor headBuffer_;
+  at::Tensor headBuffer_;
   at::Tensor embed_, finalNorm_, lmHead_;
   std::vector<Block> blocks_;
   std::vector<std::vector<NamedParam>> groups_;

@@ -70,6 +70,7 @@ class Engine : public ckpt::TrainState {
   EvalMetrics evaluate();
 
   const model::Model& model() const { return *model_; }
+  model::Model& model() { return *model_; }
   // Every parameter, whole (under ZeRO gathered from the master partitions: a collective).
   std::vector<at::Tensor> fullParameters();
   zero::Zero3* zero() { return zero_.get(); }

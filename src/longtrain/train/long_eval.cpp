@@ -24,7 +24,7 @@ constexpr int64_t kLogitElementsPerTile = int64_t{16} << 20;  // logits formed a
 
 // The hidden states after the last block of ids [1, S] at positions pos [1, S] (a shard of the
 // sequence under SP, whose attention `sp` then is).
-at::Tensor hidden(const model::Model& m, const at::Tensor& ids, const at::Tensor& pos, bool packed,
+at::Tensor hidden(model::Model& m, const at::Tensor& ids, const at::Tensor& pos, bool packed,
                   const model::AttentionFn& sp = {}) {
   const model::AttentionFn core = sp ? sp : model::attentionCore(m.config());
   const model::AttentionFn attn = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor&) {
@@ -54,7 +54,7 @@ data::Batch windowBatch(const data::Sample& s) {
 
 // Adds the per-target losses of one window (or this rank's shard of it) to `r`; a target's
 // bucket is its own position, the position of the token predicting it plus one.
-void addWindow(const model::Model& m, const data::Batch& b, int64_t packEos, const model::AttentionFn& spAttn,
+void addWindow(model::Model& m, const data::Batch& b, int64_t packEos, const model::AttentionFn& spAttn,
                PositionLoss& r) {
   const int64_t S = b.input_ids.size(1);
   const at::Tensor pos = b.position_ids, shift = b.shift_labels;
@@ -83,7 +83,7 @@ void addWindow(const model::Model& m, const data::Batch& b, int64_t packEos, con
 
 }  // namespace
 
-at::Tensor lastLogits(const model::Model& m, const std::vector<int64_t>& ids) {
+at::Tensor lastLogits(model::Model& m, const std::vector<int64_t>& ids) {
   const int64_t S = static_cast<int64_t>(ids.size());
   at::Tensor t = at::tensor(ids, at::kLong).view({1, S});
   at::Tensor h = hidden(m, t, at::arange(S, at::kLong).view({1, S}), false);
@@ -124,7 +124,7 @@ void allReduce(PositionLoss& r, comm::Comm& world) {
 
 }  // namespace
 
-PositionLoss evaluatePositions(const model::Model& m, const PositionLossOptions& o, const SequenceParallel* sp) {
+PositionLoss evaluatePositions(model::Model& m, const PositionLossOptions& o, const SequenceParallel* sp) {
   LT_CHECK(o.seqLen >= 2, "eval --seq-len ", o.seqLen, ": a window needs at least 2 tokens");
   data::TokenFileDataset file(o.path, o.bytesPerToken, o.seqLen, m.config().vocabSize, {o.packEos, 0, -1});
   LT_CHECK(file.size() > 0, "eval --data '", o.path, "' holds fewer than --seq-len ", o.seqLen,
@@ -183,7 +183,7 @@ bool needleAnswered(const std::string& answer, const std::string& key) {
   return std::string(first, last) == key;
 }
 
-std::vector<NeedleCell> needleGrid(const model::Model& m, const data::Tokenizer& tok, const NeedleOptions& o) {
+std::vector<NeedleCell> needleGrid(model::Model& m, const data::Tokenizer& tok, const NeedleOptions& o) {
   LT_CHECK(!o.lengths.empty() && !o.depths.empty() && o.trials > 0, "eval --needle needs --lengths, --depths and ",
            "--trials >= 1");
   std::mt19937_64 rng(o.seed);

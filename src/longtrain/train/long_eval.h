@@ -50,7 +50,7 @@ PositionLossOptions positionLossOptions(const std::string& path, int64_t seqLen,
                                         const std::string& dtype, bool packDocuments, int64_t eosOverride,
                                         int64_t eosFallback, const std::string& source);
 
-PositionLoss evaluatePositions(const model::Model& m, const PositionLossOptions& o, const SequenceParallel* sp = nullptr);
+PositionLoss evaluatePositions(model::Model& m, const PositionLossOptions& o, const SequenceParallel* sp = nullptr);
 
 struct NeedleOptions {
   std::vector<int64_t> lengths;  // prompt lengths in tokens
@@ -73,9 +73,9 @@ std::vector<int64_t> needlePrompt(const data::Tokenizer& tok, int64_t length, do
                                   int64_t startToken);
 // Exact match: the first run of digits in `answer` is `key`.
 bool needleAnswered(const std::string& answer, const std::string& key);
-std::vector<NeedleCell> needleGrid(const model::Model& m, const data::Tokenizer& tok, const NeedleOptions& o);
+std::vector<NeedleCell> needleGrid(model::Model& m, const data::Tokenizer& tok, const NeedleOptions& o);
 
 // The logits of the last position of `ids` (the whole sequence through every block).
-at::Tensor lastLogits(const model::Model& m, const std::vector<int64_t>& ids);
+at::Tensor lastLogits(model::Model& m, const std::vector<int64_t>& ids);
 
 }  // namespace lt::train

@@ -44,7 +44,7 @@ std::string humanTime(double s) {
 class WeightCopy {
  public:
   // The model holding the weights after the engine's last step; null on ranks other than 0.
-  const model::Model* current(Engine& engine, bool lead) {
+  model::Model* current(Engine& engine, bool lead) {
     if (step_ != engine.globalStep()) {
       step_ = engine.globalStep();
       auto params = engine.fullParameters();  // collective under ZeRO-3
@@ -79,7 +79,7 @@ class Sampler {
   }
   void maybeSample(Engine& engine, WeightCopy& weights, int64_t step, bool lead) {
     if (cfg_.train.sampleEvery <= 0 || step % cfg_.train.sampleEvery != 0) return;
-    const model::Model* model = weights.current(engine, lead);
+    model::Model* model = weights.current(engine, lead);
     if (!model) return;
     at::NoGradGuard ng;
     model::SamplingOptions o;
@@ -117,7 +117,7 @@ class LongEvaluator {
   }
   std::optional<PositionLoss> maybeEvaluate(Engine& engine, WeightCopy& weights, bool evalNow, bool lead) {
     if (opts_.path.empty() || !evalNow) return std::nullopt;
-    const model::Model* model = weights.current(engine, lead);
+    model::Model* model = weights.current(engine, lead);
     if (!model) return std::nullopt;
     return evaluatePositions(*model, opts_);
   }
