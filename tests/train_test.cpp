@@ -334,13 +334,13 @@ TEST(Config, SizesWhoseProductOverflowsAreRefusedNamingTheKeys) {
 // The run plan: resolved once, agreed by every rank, and kept out of the config as given.
 TEST(RunPlan, RanksThatResolveDifferentlyAreRefusedNamingTheField) {
   std::vector<std::string> errors(2);
-  runRanks(2, 1, [&](int r, comm::Groups& g) {
-    config::RunPlan plan;
+  runRanks(2, 1, [&](int r, lt::comm::Groups& g) {
+    lt::config::RunPlan plan;
     plan.graphBlocks = 2;
     plan.memoryBudget = r == 0 ? 1 : 2;  // a rank's own: never compared
-    train::agreeOnPlan(plan, *g.world);  // agrees
+    lt::train::agreeOnPlan(plan, *g.world);  // agrees
     plan.oneDnnGemm = r == 1;
-    errors[r] = errorOf([&] { train::agreeOnPlan(plan, *g.world); });
+    errors[r] = lt::testing::errorOf([&] { lt::train::agreeOnPlan(plan, *g.world); });
   });
   for (const auto& e : errors) {
     EXPECT_NE(e.find("model.gemm"), std::string::npos) << e;
@@ -349,12 +349,11 @@ TEST(RunPlan, RanksThatResolveDifferentlyAreRefusedNamingTheField) {
 }
 
 TEST(RunPlan, TheEngineLeavesTheConfigAsGivenAndThePlanReachesTheModel) {
-  nlohmann::json j = tinyTrainConfig();
-  j["data"]["packing"] = "none";
+  nlohmann::json j = lt::testing::tinyTrainConfig();
   j["model"]["gemm"] = "onednn";
-  const config::Config cfg = config::parseConfig(j, 1);
-  runRanks(1, 1, [&](int, comm::Groups& g) {
-    train::Engine e(cfg, g);
+  const lt::config::Config cfg = lt::config::parseConfig(j, 1);
+  runRanks(1, 1, [&](int, lt::comm::Groups& g) {
+    lt::train::Engine e(cfg, g);
     EXPECT_FALSE(e.config().model.oneDnnGemm);  // as parsed
     EXPECT_TRUE(e.plan().oneDnnGemm);
     EXPECT_TRUE(e.model().config().oneDnnGemm);
