@@ -362,7 +362,7 @@ void addBackwardPhases(const StepTerms& t, int graphBlocks, std::vector<Phase>& 
     const double done = d.headN + (d.L - b) * d.blockN;  // gradients produced so far this step
     if (t.accumulatesWhole) p.grads = t.grads + d.N * kF;
     else if (t.zero) p.grads = t.grads + std::min(done, t.sgFull) * kF;  // full gradients waiting in buckets
-    else p.grads = t.grads + (d.W > 1 ? (done - d.blockN) * kF : 0);  // all-reduce buffers of finished groups
+    else p.grads = t.grads;  // stage 0: the parameters' gradients are views of one buffer, reduced in place
     p.optim = t.optim;
     p.transient = t.block;
     p.name = "backward of block " + std::to_string(b) + (t.attnPeak ? " (attention)" : " (MLP)");
@@ -422,11 +422,11 @@ void addZeroPhases(const config::Config& c, const StepTerms& t, std::vector<Phas
   phases.push_back(i);
 }
 
-// Stage 0: the all-reduced flats wait until OptimizerStep; the norm is float64, squared.
+// Stage 0: the gradients are all-reduced in place; the norm is float64, squared.
 Phase dataParallelStepPhase(const StepTerms& t) {
   Phase o;
   o.params = t.params;
-  o.grads = t.grads + (t.d.W > 1 ? t.d.N * kF : 0);
+  o.grads = t.grads;
   o.optim = t.optim;
   o.transient.add(2, 8 * t.d.maxParam);
   o.name = "optimizer step";

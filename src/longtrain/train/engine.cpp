@@ -179,7 +179,7 @@ kernels::AdamParams adamParams(const config::OptimizerConfig& o) {
   return ap;
 }
 
-// ZeRO stages 1-3. With SuperOffload the worker gets its share of this rank's cores (pinned
+// Every ZeRO stage, 0 (replicated) to 3. With SuperOffload the worker gets its share of this rank's cores (pinned
 // to the last of the rank's CPUs when they are known) and the trainer keeps the rest.
 zero::Zero3Options zeroOptions(const Config& cfg, std::vector<double> decay, const EngineOptions& opts) {
   zero::Zero3Options zo;
@@ -198,6 +198,7 @@ zero::Zero3Options zeroOptions(const Config& cfg, std::vector<double> decay, con
   zo.workerTimeout = std::chrono::milliseconds(cfg.train.commTimeoutMs());
   const int cores = at::get_num_threads();
   zo.workerCores = std::max(1, static_cast<int>(std::lround(off.cpuadamCoresPerc * cores)));
+  if (zo.stage == 0) zo.workerCores = cores;  // Adam runs on the trainer's threads, between steps
   if (!zo.superOffload) return zo;
   zo.workerCores = std::min(zo.workerCores, std::max(1, cores - 1));
   if (cores > 1) at::set_num_threads(cores - zo.workerCores);
@@ -209,17 +210,9 @@ zero::Zero3Options zeroOptions(const Config& cfg, std::vector<double> decay, con
 }  // namespace
 
 void Engine::buildOptimizer(const EngineOptions& opts) {
-  const std::vector<double> decay = weightDecayOf(*model_, cfg_.optimizer);
-  if (cfg_.zero.stage >= 1) {
-    zero::Zero3Options zo = zeroOptions(cfg_, decay, opts);
-    if (cfg_.bf16Gathers) zo.bf16Params = bf16GatheredOf(*model_, model_->config());
-    zero_ = std::make_unique<zero::Zero3>(*model_, groups_.world, groups_.dp->size(), std::move(zo));
-    return;
-  }
-  // Stage 0: the same CPU Adam as ZeRO, one optimizer group (m, v, step count) per parameter.
-  adam_ = std::make_unique<kernels::CpuAdam>(adamParams(cfg_.optimizer), at::get_num_threads());
-  auto params = model_->parameters();
-  for (size_t i = 0; i < params.size(); ++i) adam_->addGroup(params[i].numel(), {{0, params[i].numel(), decay[i]}});
+  zero::Zero3Options zo = zeroOptions(cfg_, weightDecayOf(*model_, cfg_.optimizer), opts);
+  if (cfg_.bf16Gathers && zo.stage > 0) zo.bf16Params = bf16GatheredOf(*model_, model_->config());
+  zero_ = std::make_unique<zero::Zero3>(*model_, groups_.world, groups_.dp->size(), std::move(zo));
 }
 
 // The step program: the base, rewritten by passes; a schedule swaps the pass list.
@@ -260,10 +253,7 @@ void Engine::buildExecutor() {
     hooks.gatheredBytes = [this] { return zero_->ledger().gatheredBytes; };
     hooks.release = [this](int g) { zero_->release(g); };
   }
-  if (zero_)  // stages 1-3: gradients into partitions
-    hooks.reduceGrads = [this](int g, bool boundary) { zero_->reduceGrads(g, boundary); };
-  else if (groups_.world->size() > 1)
-    hooks.reduceGrads = [this](int g, bool boundary) { reduceGrads(g, boundary); };
+  hooks.reduceGrads = [this](int g, bool boundary) { zero_->reduceGrads(g, boundary); };
   model::AttentionFn core = model::attentionCore(model_->config());
   model::AttentionFn attn = groups_.sp->size() > 1
                                 ? sp::sequenceParallelAttention(groups_.spUlysses, groups_.spRing, cfg_.layout,
@@ -370,17 +360,14 @@ void Engine::recompile(const std::vector<std::string>& passes, int64_t step) {
 }
 
 std::vector<at::Tensor> Engine::fullParameters() {
-  if (zero_) return zero_->fullParameters();
-  std::vector<at::Tensor> out;
-  for (auto& p : model_->parameters()) out.push_back(p.detach().clone());
-  return out;
+  return zero_->fullParameters();
 }
 
 // Each rank copies its own state shards (all of every tensor without ZeRO-3, its slices with
 // it) from the mapped files: the rest of the model is never read into this rank's memory.
 void Engine::loadInitialWeights() {
   ckpt::HfWeights w(cfg_.model.initFrom);
-  if (zero_) zero_->resetState(0, 0);  // masters are filled below; stages 1 and 2 refresh replicas after
+  zero_->resetState(0, 0);  // masters are filled below; stages 1 and 2 refresh replicas after
   std::vector<ckpt::ExpectedTensor> expected;
   for (const auto& m : parameterMeta()) expected.push_back({m.name, m.shape});
   w.check(expected, cfg_.model.tieEmbeddings);
@@ -395,23 +382,14 @@ std::vector<ckpt::ParamMeta> Engine::parameterMeta() const {
     for (const auto& np : model_->group(g)) {
       // Under ZeRO-3 the model's tensors are empty between gathers; Zero3 keeps the shapes.
       const int i = static_cast<int>(out.size());
-      out.push_back({np.name, zero_ ? zero_->paramShape(i) : np.tensor.sizes().vec()});
+      out.push_back({np.name, zero_->paramShape(i)});
     }
   return out;
 }
 
-std::vector<StateShard> Engine::stateShards() {
-  if (zero_) return zero_->stateShards();
-  auto params = model_->parameters();
-  std::vector<StateShard> out;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const int g = static_cast<int>(i);
-    out.push_back({g, 0, params[i].numel(), params[i].data_ptr<float>(), adam_->expAvg(g), adam_->expAvgSq(g)});
-  }
-  return out;
-}
+std::vector<StateShard> Engine::stateShards() { return zero_->stateShards(); }
 
-int64_t Engine::adamStepCount() const { return zero_ ? zero_->adamStepCount() : adam_->stepCount(0); }
+int64_t Engine::adamStepCount() const { return zero_->adamStepCount(); }
 
 int64_t Engine::loaderCursor() const { return spLoader_ ? spLoader_->cursor() : loader_->cursor(); }
 
@@ -429,79 +407,21 @@ void Engine::resetToStep(int64_t step, int64_t adamStep, int64_t skippedSteps) {
   } else {
     loader_->seek(served);
   }
-  if (zero_) {
-    zero_->resetState(adamStep, skippedSteps);
-    return;
-  }
-  skippedSteps_ = skippedSteps;
-  for (int g = 0; g < adam_->groupCount(); ++g) {
-    adam_->setStepCount(g, adamStep);
-    std::fill_n(adam_->expAvg(g), adam_->groupNumel(g), 0.0f);
-    std::fill_n(adam_->expAvgSq(g), adam_->groupNumel(g), 0.0f);
-  }
-}
-
-void Engine::reduceGrads(int group, bool boundary) {
-  if (!boundary) return;  // without ZeRO, gradients accumulate whole until the boundary
-  std::vector<at::Tensor> gs;
-  for (const auto& p : model_->group(group)) gs.push_back(p.tensor.grad().reshape({-1}));
-  auto flat = at::cat(gs);  // [group numel]
-  std::vector<comm::Work> works;  // pieces of at most reduce_bucket_size elements
-  for (int64_t off = 0, n = flat.numel(); off < n; off += cfg_.zero.reduceBucketSize) {
-    works.push_back(groups_.world->allReduce(flat.narrow(0, off, std::min(cfg_.zero.reduceBucketSize, n - off))));
-    if (!cfg_.zero.overlapComm) works.back().wait();
-  }
-  pending_.push({group, flat, std::move(works)});
+  zero_->resetState(adamStep, skippedSteps);
 }
 
 void Engine::optimizerStep() {
-  if (zero_) {
-    lastZero_ = zero_->step();
-    lastGradNorm_ = lastZero_.gradNorm;
-    return;
-  }
-  stepStageZero();
-}
-
-void Engine::stepStageZero() {
-  const double invDp = 1.0 / groups_.dp->size();
-  while (!pending_.empty()) {
-    PendingReduce r = pending_.pop();
-    for (auto& w : r.works) w.wait();
-    r.flat.mul_(invDp);
-    int64_t off = 0;
-    for (const auto& p : model_->group(r.group)) {
-      auto g = p.tensor.grad();
-      g.view({-1}).copy_(r.flat.narrow(0, off, g.numel()));
-      off += g.numel();
-    }
-  }
-  // Global norm, in float64 so it does not depend on the order of small sums.
-  auto params = model_->parameters();
-  double sq = 0;
-  for (const auto& p : params) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
-  const offload::GradVerdict v = offload::judgeGradients(sq, cfg_.gradientClipping);
-  lastGradNorm_ = v.norm;
-  lastSkipped_ = v.skip;
-  if (v.skip) {
-    ++skippedSteps_;
-  } else {
-    if (v.clip)
-      for (const auto& p : params) p.grad().mul_(v.clipCoef);
-    adam_->setLr(lastLr_);
-    for (size_t i = 0; i < params.size(); ++i)
-      adam_->step(static_cast<int>(i), params[i].data_ptr<float>(), params[i].grad().data_ptr<float>());
-  }
-  for (const auto& p : params) p.grad().zero_();
+  lastZero_ = zero_->step();
+  lastGradNorm_ = lastZero_.gradNorm;
 }
 
 StepMetrics Engine::step() {
   auto t0 = std::chrono::steady_clock::now();
-  if (zero_) zero_->syncParameters();  // after a restore at stages 1 and 2
+  zero_->syncParameters();  // after a restore at stages 1 and 2
   if (auto e = schedule_.take(step_)) recompile(e->passes, step_);
   ++step_;
   lastLr_ = lrAt(cfg_.scheduler, cfg_.optimizer.lr, step_ - 1);
-  if (zero_) zero_->setLr(lastLr_);  // before backward: SuperOffload steps during it
+  zero_->setLr(lastLr_);  // before backward: SuperOffload steps during it
   double lossSum = 0;  // sum over micro-batches of (local loss sum / SP-group denominator)
   double exposedGather = 0;
   int64_t activationPeak = 0;
@@ -519,7 +439,7 @@ StepMetrics Engine::step() {
     compile::Profile prof;
     if (j == 0) ro.profile = &prof;
     auto st = exec_->run(program_, b, ro);
-    if (zero_) zero_->finishBackward(ro.boundary);
+    zero_->finishBackward(ro.boundary);
     if (j == 0) {
       lastProfile_ = std::move(prof);
       for (size_t i = 0; i < program_.code.size(); ++i)
@@ -552,7 +472,6 @@ StepMetrics Engine::step() {
     m.offloadIoS = offload_->file().ioSeconds() - io;
   }
   m.zero = lastZero_;
-  if (!zero_) m.zero.skipped = lastSkipped_;
   m.stepTimeS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
 }
@@ -560,7 +479,7 @@ StepMetrics Engine::step() {
 EvalMetrics Engine::evaluate() {
   EvalMetrics e;
   if (!eval_) return e;
-  if (zero_) zero_->syncParameters();
+  zero_->syncParameters();
   // Each DP group takes every dp-th eval sample; the SP ranks of a group take their shards.
   const int dpRank = groups_.dp->rank(), dpSize = groups_.dp->size();
   double lossSum = 0, tokens = 0, correct = 0;

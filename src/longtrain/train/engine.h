@@ -1,9 +1,11 @@
-// The training engine: builds the model, groups, loader and step program from a Config and
-// runs optimizer steps. Gradient reduction is explicit: ReduceGrads(g) flattens group g's
-// gradients into one buffer and starts an async all-reduce over the world as soon as the
-// group's backward is done (overlapping the next group's backward); OptimizerStep drains
-// the pending reductions from a Fifo in issue order. Summing over the world adds SP ranks'
-// partial gradients and DP ranks' gradients; dividing by the DP size makes the DP average.
+// The training engine: builds the model, groups, loader, optimizer and step program from a
+// Config and its RunPlan, and runs optimizer steps. One optimizer serves every ZeRO stage
+// (zero/zero3.h): stage 0 is its replicated case, whose parameters and gradients are views of
+// flat buffers that are all-reduced in place; stages 1-3 partition. The program's ReduceGrads
+// hand each group's gradients over as its backward ends (overlapping the next group's); the
+// engine calls finishBackward after every micro-batch and steps after the last one, where the
+// program's OptimizerStep stands. Summing over the world adds SP ranks' partial gradients and
+// DP ranks' gradients; dividing by the DP size makes the DP average.
 #pragma once
 #include <chrono>
 #include <memory>
@@ -16,7 +18,6 @@
 #include "longtrain/compile/program.h"
 #include "longtrain/compile/schedule.h"
 #include "longtrain/config/config.h"
-#include "longtrain/core/fifo.h"
 #include "longtrain/data/data.h"
 #include "longtrain/kernels/cpu_adam.h"
 #include "longtrain/model/model.h"
@@ -96,10 +97,10 @@ class Engine : public ckpt::TrainState {
   comm::Comm& world() override { return *groups_.world; }
   int64_t globalStep() const override { return step_; }
   std::vector<ckpt::ParamMeta> parameterMeta() const override;
-  bool statePartitioned() const override { return zero_ != nullptr; }
+  bool statePartitioned() const override { return zero_->stage() > 0; }
   std::vector<StateShard> stateShards() override;
   int64_t adamStepCount() const override;
-  int64_t skippedSteps() const override { return zero_ ? zero_->skippedSteps() : skippedSteps_; }
+  int64_t skippedSteps() const override { return zero_->skippedSteps(); }
   int64_t loaderCursor() const override;
   void resetToStep(int64_t step, int64_t adamStep, int64_t skippedSteps) override;
 
@@ -116,10 +117,8 @@ class Engine : public ckpt::TrainState {
   void makeActivationOffload();  // train.offload_dir: this rank's file, for the program's offloaded blocks
 
   data::Batch nextMicroBatch();  // with shift_labels; this rank's shard under SP
-  void reduceGrads(int group, bool boundary);
   void recompile(const std::vector<std::string>& passes, int64_t step);
   void optimizerStep();
-  void stepStageZero();  // reduced gradients in, clip or skip, CPU Adam
 
   const Config cfg_;  // as given: measured choices live in plan_
   config::RunPlan plan_;
@@ -129,8 +128,7 @@ class Engine : public ckpt::TrainState {
   std::unique_ptr<data::Loader> loader_;         // SP = 1
   std::unique_ptr<sp::UlyssesLoader> ulysses_;  // SP > 1 (owns this rank's loader)
   data::Loader* spLoader_ = nullptr;             // SP > 1: the loader inside ulysses_
-  std::unique_ptr<kernels::CpuAdam> adam_;  // stage 0: one group per parameter
-  std::unique_ptr<zero::Zero3> zero_;       // ZeRO stages 1-3 (replaces adam_)
+  std::unique_ptr<zero::Zero3> zero_;  // the optimizer, at every ZeRO stage (0: replicated)
   zero::ZeroStepResult lastZero_;
   double gemmPeakFlops_ = 0;  // this rank's rate of the GEMM dtype in use, when chooseBf16 measured it
   compile::Program base_, program_;
@@ -141,16 +139,8 @@ class Engine : public ckpt::TrainState {
   std::unique_ptr<compile::ActivationOffload> offload_;  // train.offload_dir; outlives exec_
   std::unique_ptr<compile::Executor> exec_;
 
-  struct PendingReduce {
-    int group;
-    at::Tensor flat;
-    std::vector<comm::Work> works;  // one per reduce_bucket_size piece
-  };
-  Fifo<PendingReduce> pending_;
   int64_t step_ = 0;
   double lastGradNorm_ = 0, lastLr_ = 0;
-  bool lastSkipped_ = false;
-  int64_t skippedSteps_ = 0;  // stage 0 (ZeRO-3 counts its own)
 };
 
 // Builds the dataset a config names (train split, or the eval split with its own seed).

@@ -312,7 +312,7 @@ class MetricsWriter {
       j["offload_wait_s"] = m.offloadWaitS;
       j["offload_io_s"] = m.offloadIoS;
     }
-    if (const zero::Zero3* z = engine.zero()) addZero(j, *z, m);
+    if (const zero::Zero3* z = engine.zero(); z->stage() > 0) addZero(j, *z, m);  // stage 0 partitions nothing
     if (ckptS >= 0) j["checkpoint_s"] = ckptS;
     if (!ckptError.empty()) j["checkpoint_error"] = ckptError;
     if (e) {

@@ -38,8 +38,10 @@ void widenBf16InPlace(const at::Tensor& buf, int64_t n) {
 
 Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSize, Zero3Options o)
     : world_(std::move(world)), dpSize_(dpSize), o_(std::move(o)) {
-  LT_ASSERT(o_.stage >= 1 && o_.stage <= 3, "ZeRO stage ", o_.stage);
-  const int W = world_->size(), r = world_->rank();
+  LT_ASSERT(o_.stage >= 0 && o_.stage <= 3, "ZeRO stage ", o_.stage);
+  LT_ASSERT(o_.stage > 0 || (!o_.superOffload && o_.bf16Params.empty() && !o_.reduceBf16),
+            "stage 0 keeps fp32 replicas and steps them on the trainer thread");
+  const int W = partitions(), r = partitionRank();
   // Parameters in model order, cut into sub-groups of at most subGroupSize elements.
   groupParams_.resize(m.numGroups());
   int64_t sgNumel = 0;
@@ -65,7 +67,7 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
       groupParams_[g].push_back(static_cast<int>(params_.size()));
       params_.push_back(pi);
       ledger_.unpartitionedBytes += pi.numel * 16;
-      if (o_.stage < 3) ledger_.replicaBytes += pi.numel * 4;
+      if (o_.stage == 1 || o_.stage == 2) ledger_.replicaBytes += pi.numel * 4;
     }
   LT_ASSERT(o_.weightDecay.empty() || o_.weightDecay.size() == params_.size(), "weightDecay has ",
             o_.weightDecay.size(), " entries for ", params_.size(), " parameters");
@@ -104,6 +106,7 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
       subGroups_[pi.subGroup].master.narrow(0, pi.offset, mine.length()).copy_(flat.slice(0, mine.begin, mine.end));
     if (o_.stage == 3) pi.tensor.set_data(at::empty({0}, pi.tensor.options()));
   }
+  if (o_.stage == 0) aliasReplicas();
   refreshBf16Copies();
   pendingGathers_.resize(groupParams_.size());
   buckets_ = std::make_unique<IpgBuckets>(counts, [this](int sg, std::vector<GradItem>& items) { onBucket(sg, items); });
@@ -170,11 +173,13 @@ void Zero3::release(int group) {
 }
 
 std::vector<at::Tensor> Zero3::fullParameters() {
-  const int W = world_->size();
+  const int W = partitions();
   std::vector<at::Tensor> out;
   for (auto& pi : params_) {
     auto full = at::empty({W * pi.chunk}, at::kFloat);
-    world_->allGather(full, subGroups_[pi.subGroup].master.narrow(0, pi.offset, pi.chunk)).wait();
+    const auto mine = subGroups_[pi.subGroup].master.narrow(0, pi.offset, pi.chunk);
+    if (W == 1) full.copy_(mine);
+    else world_->allGather(full, mine).wait();
     out.push_back(full.narrow(0, 0, pi.numel).view(pi.shape).clone());
   }
   return out;
@@ -182,11 +187,10 @@ std::vector<at::Tensor> Zero3::fullParameters() {
 
 // ---------------------------------------------------------------------------- checkpoint state
 std::vector<StateShard> Zero3::stateShards() {
-  const int r = world_->rank();
   std::vector<StateShard> out;
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& pi = params_[i];
-    const PartitionRange mine = partitionRange(pi.numel, world_->size(), r);
+    const PartitionRange mine = partitionRange(pi.numel, partitions(), partitionRank());
     if (mine.length() <= 0) continue;
     auto& sg = subGroups_[pi.subGroup];
     out.push_back({static_cast<int>(i), mine.begin, mine.length(), sg.master.data_ptr<float>() + pi.offset,
@@ -213,7 +217,7 @@ void Zero3::resetState(int64_t adamStep, int64_t skippedSteps) {
     sg.speculated = false;
   }
   skipped_ = skippedSteps;
-  replicasStale_ = o_.stage < 3;  // the caller fills the masters; syncParameters() copies them out
+  replicasStale_ = o_.stage == 1 || o_.stage == 2;  // stage 0's parameters are the masters  // the caller fills the masters; syncParameters() copies them out
   bf16Stale_ = true;
 }
 
@@ -233,7 +237,7 @@ void Zero3::syncParameters() {
 // Runs of whole parameters whose W gathered chunks hold at most maxElements (at least one
 // parameter each: a bigger one travels alone).
 std::vector<Zero3::Run> Zero3::runs(const SubGroup& sg, int64_t maxElements, bool byDtype) const {
-  const int64_t W = world_->size();
+  const int64_t W = partitions();
   std::vector<Run> out;
   for (int k = 0; k < static_cast<int>(sg.params.size()); ++k) {
     const auto& pi = params_[sg.params[k]];
@@ -288,26 +292,32 @@ void Zero3::gatherReplicas() {
 
 // ---------------------------------------------------------------------------- gradients
 void Zero3::reduceGrads(int group, bool boundary) {
-  if (o_.stage == 1 && !boundary) return;  // stage 1: gradients accumulate whole until the boundary
+  if (!handsOver(boundary)) return;
   boundary_ = boundary;
   for (int i : groupParams_[group]) {
     auto& pi = params_[i];
     at::Tensor g = pi.tensor.grad();
     if (!g.defined()) continue;  // no gradient this micro-step: counts as zero in finish()
-    pi.tensor.mutable_grad() = at::Tensor();  // the full gradient lives only in its bucket now
-    buckets_->add({i, pi.subGroup, g});
+    if (o_.stage > 0) pi.tensor.mutable_grad() = at::Tensor();  // the full gradient lives only in its bucket now
+    buckets_->add({i, pi.subGroup, g});  // stage 0: a view of the sub-group's gradient, reduced in place
   }
   pollReduces(false);
 }
 
+bool Zero3::handsOver(bool boundary) const {
+  if (o_.stage == 0 && world_->size() == 1) return false;  // nothing to reduce: the gradients are final
+  return boundary || o_.stage >= 2;  // stages 0 and 1 accumulate whole until the boundary
+}
+
 void Zero3::finishBackward(bool boundary) {
-  if (o_.stage == 1 && !boundary) return;  // nothing was handed over this micro-batch
+  if (!handsOver(boundary)) return;
   buckets_->finish();
   buckets_->resetStep();
   pollReduces(false);
 }
 
 void Zero3::onBucket(int sgId, std::vector<GradItem>& items) {
+  if (o_.stage == 0) return allReduceInPlace(sgId);
   const int W = world_->size();
   auto& sg = subGroups_[sgId];
   std::vector<at::Tensor> grads(sg.params.size());  // by position in the sub-group; missing: zero
@@ -333,6 +343,17 @@ void Zero3::onBucket(int sgId, std::vector<GradItem>& items) {
   }
 }
 
+// Stage 0: the sub-group's gradient (the parameters' .grad are views of it) summed over the world
+// in place, in runs of at most reduce_bucket_size elements; finishReduce divides by the DP size.
+void Zero3::allReduceInPlace(int sgId) {
+  auto& sg = subGroups_[sgId];
+  const std::vector<Run> pieces = runs(sg, o_.reduceBucketSize, /*byDtype=*/false);
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    auto part = sg.grad.narrow(0, pieces[p].offset, pieces[p].length);
+    pending_.push({sgId, boundary_, p + 1 == pieces.size(), pieces[p].offset, part, issue(world_->allReduce(part))});
+  }
+}
+
 void Zero3::pollReduces(bool block) {
   while (!pending_.empty() && (block || pending_.front().work.ready())) {
     PendingReduce r = pending_.pop();
@@ -342,7 +363,8 @@ void Zero3::pollReduces(bool block) {
 
 void Zero3::finishReduce(PendingReduce& r) {
   r.work.wait();
-  subGroups_[r.subGroup].grad.narrow(0, r.offset, r.recv.numel()).add_(r.recv, 1.0 / dpSize_);
+  if (o_.stage == 0) r.recv.mul_(1.0 / dpSize_);  // reduced in place
+  else subGroups_[r.subGroup].grad.narrow(0, r.offset, r.recv.numel()).add_(r.recv, 1.0 / dpSize_);
   if (r.boundary && r.last) gradFinal(r.subGroup);  // pieces finish in order
 }
 
@@ -409,6 +431,31 @@ void Zero3::drainResults(int expected) {
   }
 }
 
+// The squared global norm, in float64 so it does not depend on the order of small sums. Stage 0
+// sums each parameter's gradient (every rank holds them all, reduced); stages 1-3 sum every
+// rank's partitions (disjoint) and add them over the world.
+double Zero3::squaredGradNorm() {
+  double sq = 0;
+  if (o_.stage == 0) {
+    for (auto& pi : params_) sq += pi.tensor.grad().to(at::kDouble).pow(2).sum().item<double>();
+    return sq;
+  }
+  for (auto& sg : subGroups_) sq += sg.grad.to(at::kDouble).pow(2).sum().item<double>();
+  auto stats = at::tensor({sq}, at::kDouble);
+  world_->allReduce(stats).wait();
+  return stats.item<double>();
+}
+
+// Stage 0: the model's parameters and their gradients become views of the sub-groups' masters
+// and gradients, so Adam updates the model in place and the gradients are reduced in place.
+void Zero3::aliasReplicas() {
+  for (auto& pi : params_) {
+    auto& sg = subGroups_[pi.subGroup];
+    pi.tensor.set_data(sg.master.narrow(0, pi.offset, pi.numel).view(pi.shape));
+    pi.tensor.mutable_grad() = sg.grad.narrow(0, pi.offset, pi.numel).view(pi.shape);
+  }
+}
+
 ZeroStepResult Zero3::step() {
   using Clock = std::chrono::steady_clock;
   auto t0 = Clock::now();
@@ -420,12 +467,7 @@ ZeroStepResult Zero3::step() {
   res.speculated = dispatched_;
   dispatched_ = 0;
 
-  // Global norm and finite check over every rank's partitions (disjoint, so a plain sum).
-  double sq = 0;
-  for (auto& sg : subGroups_) sq += sg.grad.to(at::kDouble).pow(2).sum().item<double>();
-  auto stats = at::tensor({sq}, at::kDouble);
-  world_->allReduce(stats).wait();
-  const offload::GradVerdict v = offload::judgeGradients(stats.item<double>(), o_.gradientClipping);
+  const offload::GradVerdict v = offload::judgeGradients(squaredGradNorm(), o_.gradientClipping);
   res.gradNorm = v.norm;
   for (int s = 0; s < numSubGroups(); ++s) {
     auto& sg = subGroups_[s];
@@ -450,7 +492,7 @@ ZeroStepResult Zero3::step() {
     for (int s = 0; s < numSubGroups(); ++s)
       if (!subGroups_[s].speculated) stepSubGroup(s);
     res.adamSeconds = std::chrono::duration<double>(Clock::now() - t1).count();
-    if (o_.stage < 3) gatherReplicas();  // a skipped step leaves masters and replicas as they were
+    if (o_.stage == 1 || o_.stage == 2) gatherReplicas();  // a skipped step leaves masters and replicas as they were
   }
   for (auto& sg : subGroups_) {
     sg.grad.zero_();

@@ -58,7 +58,7 @@ namespace lt::zero {
 void widenBf16InPlace(const at::Tensor& buf, int64_t n);
 
 struct Zero3Options {
-  int stage = 3;                     // 1, 2 or 3
+  int stage = 3;                     // 0 (replicated, all-reduce), 1, 2 or 3
   int64_t subGroupSize = 1000000000;
   int64_t reduceBucketSize = 500000000;     // elements per reduce-scatter (whole parameters)
   int64_t allgatherBucketSize = 500000000;  // elements per all-gather refreshing stage 1/2 replicas
@@ -194,6 +194,13 @@ class Zero3 {
   // the same for every parameter).
   std::vector<Run> runs(const SubGroup& sg, int64_t maxElements, bool byDtype) const;
   void gatherReplicas();
+  void aliasReplicas();  // stage 0
+  void allReduceInPlace(int sg);  // stage 0's bucket
+  double squaredGradNorm();
+  bool handsOver(bool boundary) const;  // whether this micro-batch's gradients go to the buckets
+  // Ranks the state is partitioned over (1 at stage 0: replicated), and this rank's index.
+  int partitions() const { return o_.stage == 0 ? 1 : world_->size(); }
+  int partitionRank() const { return o_.stage == 0 ? 0 : world_->rank(); }
   void refreshBf16Copies();  // syncParameters(), after masters were written outside Adam (a load)
   comm::Work issue(comm::Work w);
   void onBucket(int sg, std::vector<GradItem>& items);
