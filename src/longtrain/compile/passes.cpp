@@ -220,4 +220,17 @@ Program applyPasses(const Program& base, const std::vector<std::string>& names, 
   return p;
 }
 
+PassContext PassContext::from(const config::Config& cfg, int numBlocks, std::vector<int64_t> groupBytes) {
+  constexpr int64_t kFp32 = sizeof(float);  // ZeRO's limits count elements; gathered parameters are fp32
+  PassContext c;
+  c.numBlocks = numBlocks;
+  c.tiedEmbeddings = cfg.model.tieEmbeddings;
+  c.groupBytes = std::move(groupBytes);
+  c.prefetchBucketBytes = cfg.zero.prefetchBucketSize * kFp32;
+  c.maxLiveBytes = cfg.zero.maxLiveParameters * kFp32;
+  c.persistenceThresholdBytes = cfg.zero.paramPersistenceThreshold * kFp32;
+  c.memoryBudgetBytes = c.maxLiveBytes;
+  return c;
+}
+
 }  // namespace lt::compile

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "longtrain/compile/program.h"
+#include "longtrain/config/config.h"
 
 namespace lt::compile {
 
@@ -37,6 +38,9 @@ struct PassContext {
   int64_t maxLiveBytes = 0;         // stage3_max_live_parameters x 4
   int64_t persistenceThresholdBytes = 0;  // stage3_param_persistence_threshold x 4
   int64_t memoryBudgetBytes = 0;    // bytes selective_gather may keep gathered
+
+  // The config's stage3_* limits in fp32 bytes, for a model of `groupBytes` (its groups' sizes).
+  static PassContext from(const config::Config& cfg, int numBlocks, std::vector<int64_t> groupBytes);
 };
 
 using PassFn = Program (*)(const Program&, const PassContext&);

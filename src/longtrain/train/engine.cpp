@@ -131,11 +131,13 @@ Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg
   plan_.packedDocuments = cfg_.data.packing == "documents";
   // With init_from the weights come from its safetensors (loadInitialWeights, below).
   model_ = std::make_unique<model::Model>(plan_.model(cfg_.model), cfg_.seed, /*initialize=*/cfg_.model.initFrom.empty());
-  for (int g = 0; g < model_->numGroups(); ++g) {  // before ZeRO-3 frees the full tensors
+  std::vector<int64_t> groupBytes;  // before ZeRO-3 frees the full tensors
+  for (int g = 0; g < model_->numGroups(); ++g) {
     int64_t b = 0;
-    for (const auto& p : model_->group(g)) b += p.tensor.numel() * 4;
-    passCtx_.groupBytes.push_back(b);
+    for (const auto& p : model_->group(g)) b += p.tensor.nbytes();
+    groupBytes.push_back(b);
   }
+  passCtx_ = compile::PassContext::from(cfg_, model_->numBlocks(), std::move(groupBytes));
   train_ = makeDataset(cfg_, false);
   eval_ = cfg_.data.evalSamples > 0 ? makeDataset(cfg_, true) : nullptr;
   buildLoader();
@@ -166,51 +168,11 @@ void Engine::buildLoader() {
   ulysses_ = std::make_unique<sp::UlyssesLoader>(std::move(src), groups_.sp, cfg_.layout);
 }
 
-namespace {
-
-kernels::AdamParams adamParams(const config::OptimizerConfig& o) {
-  kernels::AdamParams ap;
-  ap.lr = o.lr;
-  ap.beta1 = o.beta1;
-  ap.beta2 = o.beta2;
-  ap.eps = o.eps;
-  ap.weightDecay = o.weightDecay;
-  ap.adamw = o.type == "AdamW";
-  return ap;
-}
-
-// Every ZeRO stage, 0 (replicated) to 3. With SuperOffload the worker gets its share of this rank's cores (pinned
-// to the last of the rank's CPUs when they are known) and the trainer keeps the rest.
-zero::Zero3Options zeroOptions(const Config& cfg, std::vector<double> decay, const EngineOptions& opts) {
-  zero::Zero3Options zo;
-  zo.stage = cfg.zero.stage;
-  zo.subGroupSize = cfg.zero.subGroupSize;
-  zo.reduceBucketSize = cfg.zero.reduceBucketSize;
-  zo.allgatherBucketSize = cfg.zero.allgatherBucketSize;
-  zo.overlapComm = cfg.zero.overlapComm;
-  zo.reduceBf16 = cfg.communicationDataType == "bf16";
-  zo.weightDecay = std::move(decay);
-  zo.gradientClipping = cfg.gradientClipping;
-  zo.adam = adamParams(cfg.optimizer);
-  const auto& off = cfg.zero.offloadOptimizer;
-  zo.superOffload = off.superOffload;
-  zo.ratio = off.ratio;
-  zo.workerTimeout = std::chrono::milliseconds(cfg.train.commTimeoutMs());
-  const int cores = at::get_num_threads();
-  zo.workerCores = std::max(1, static_cast<int>(std::lround(off.cpuadamCoresPerc * cores)));
-  if (zo.stage == 0) zo.workerCores = cores;  // Adam runs on the trainer's threads, between steps
-  if (!zo.superOffload) return zo;
-  zo.workerCores = std::min(zo.workerCores, std::max(1, cores - 1));
-  if (cores > 1) at::set_num_threads(cores - zo.workerCores);
-  const int owned = static_cast<int>(opts.rankCpus.size());
-  for (int c = std::max(0, owned - zo.workerCores); c < owned; ++c) zo.workerCpus.push_back(opts.rankCpus[c]);
-  return zo;
-}
-
-}  // namespace
-
 void Engine::buildOptimizer(const EngineOptions& opts) {
-  zero::Zero3Options zo = zeroOptions(cfg_, weightDecayOf(*model_, cfg_.optimizer), opts);
+  const int threads = at::get_num_threads();
+  zero::Zero3Options zo = zero::Zero3Options::from(cfg_, threads, opts.rankCpus);
+  if (zo.superOffload && threads > 1) at::set_num_threads(threads - zo.workerCores);  // the trainer keeps the rest
+  zo.weightDecay = weightDecayOf(*model_, cfg_.optimizer);
   if (cfg_.bf16Gathers && zo.stage > 0) zo.bf16Params = bf16GatheredOf(*model_, model_->config());
   zero_ = std::make_unique<zero::Zero3>(*model_, groups_.world, groups_.dp->size(), std::move(zo));
 }
@@ -218,12 +180,6 @@ void Engine::buildOptimizer(const EngineOptions& opts) {
 // The step program: the base, rewritten by passes; a schedule swaps the pass list.
 void Engine::buildProgram() {
   base_ = compile::baseProgram(model_->numBlocks(), plan_.graphBlocks);
-  passCtx_.numBlocks = model_->numBlocks();
-  passCtx_.tiedEmbeddings = cfg_.model.tieEmbeddings;
-  passCtx_.prefetchBucketBytes = cfg_.zero.prefetchBucketSize * 4;
-  passCtx_.maxLiveBytes = cfg_.zero.maxLiveParameters * 4;
-  passCtx_.persistenceThresholdBytes = cfg_.zero.paramPersistenceThreshold * 4;
-  passCtx_.memoryBudgetBytes = passCtx_.maxLiveBytes;
   const bool z3 = cfg_.zero.stage == 3;
   std::vector<std::string> fixedPasses =
       z3 ? std::vector<std::string>{"zero3", "free_activations"} : std::vector<std::string>{"free_activations"};

@@ -36,6 +36,44 @@ void widenBf16InPlace(const at::Tensor& buf, int64_t n) {
   }
 }
 
+namespace {
+
+kernels::AdamParams adamParams(const config::OptimizerConfig& o) {
+  kernels::AdamParams ap;
+  ap.lr = o.lr;
+  ap.beta1 = o.beta1;
+  ap.beta2 = o.beta2;
+  ap.eps = o.eps;
+  ap.weightDecay = o.weightDecay;
+  ap.adamw = o.type == "AdamW";
+  return ap;
+}
+
+}  // namespace
+
+Zero3Options Zero3Options::from(const config::Config& cfg, int threads, const std::vector<int>& rankCpus) {
+  Zero3Options zo;
+  zo.stage = cfg.zero.stage;
+  zo.subGroupSize = cfg.zero.subGroupSize;
+  zo.reduceBucketSize = cfg.zero.reduceBucketSize;
+  zo.allgatherBucketSize = cfg.zero.allgatherBucketSize;
+  zo.overlapComm = cfg.zero.overlapComm;
+  zo.reduceBf16 = cfg.communicationDataType == "bf16";
+  zo.gradientClipping = cfg.gradientClipping;
+  zo.adam = adamParams(cfg.optimizer);
+  const auto& off = cfg.zero.offloadOptimizer;
+  zo.superOffload = off.superOffload;
+  zo.ratio = off.ratio;
+  zo.workerTimeout = std::chrono::milliseconds(cfg.train.commTimeoutMs());
+  zo.workerCores = std::max(1, static_cast<int>(std::lround(off.cpuadamCoresPerc * threads)));
+  if (zo.stage == 0) zo.workerCores = threads;  // Adam runs on the trainer's threads, between steps
+  if (!zo.superOffload) return zo;
+  zo.workerCores = std::min(zo.workerCores, std::max(1, threads - 1));
+  const int owned = static_cast<int>(rankCpus.size());
+  for (int c = std::max(0, owned - zo.workerCores); c < owned; ++c) zo.workerCpus.push_back(rankCpus[c]);
+  return zo;
+}
+
 Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSize, Zero3Options o)
     : world_(std::move(world)), dpSize_(dpSize), o_(std::move(o)) {
   LT_ASSERT(o_.stage >= 0 && o_.stage <= 3, "ZeRO stage ", o_.stage);

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "longtrain/comm/comm.h"
+#include "longtrain/config/config.h"
 #include "longtrain/core/channel.h"
 #include "longtrain/core/fifo.h"
 #include "longtrain/core/partition.h"
@@ -79,6 +80,12 @@ struct Zero3Options {
   int workerCores = 1;           // CPU Adam threads (cpuadam_cores_perc x the rank's cores)
   std::vector<int> workerCpus;   // CPUs to pin the worker to (empty: no pinning)
   std::chrono::milliseconds workerTimeout{60000};
+
+  // What the config gives (zero_optimization, optimizer, gradient_clipping, communication_data_type)
+  // for a rank running `threads` intra-op threads on `rankCpus`: with SuperOffload the worker
+  // gets its share of them (pinned to the last of the CPUs when they are known) and the caller
+  // keeps threads - workerCores. The per-parameter vectors are the caller's to fill.
+  static Zero3Options from(const config::Config& cfg, int threads, const std::vector<int>& rankCpus);
 };
 
 // Bytes this rank holds, by kind (the memory ledger).
