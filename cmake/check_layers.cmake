@@ -1,4 +1,4 @@
-# Checks that every module under SRC/longtrain includes only the modules DESIGN.md's layering
+# Checks that every module under SRC/longtrain includes only the modules the design's layering
 # allows (the arrows below). Run by the build (target longtrain_layers, part of `all`) and by
 # CTest; a wrong-way include fails both, naming the file, the line and the allowed modules.
 # Usage: cmake -DSRC=<dir holding longtrain/> -P check_layers.cmake
@@ -25,7 +25,13 @@ set(allowed_cli "core;config;comm;kernels;data;model;offload;sp;zero;compile;ckp
 if(NOT SRC)
   message(FATAL_ERROR "check_layers.cmake: pass -DSRC=<directory holding longtrain/>")
 endif()
+# A relative SRC is taken from the working directory (GLOB's RELATIVE needs an absolute path: a
+# relative one matched nothing, and the check passed having read no file).
+get_filename_component(SRC "${SRC}" ABSOLUTE)
 file(GLOB_RECURSE files RELATIVE "${SRC}/longtrain" "${SRC}/longtrain/*.h" "${SRC}/longtrain/*.cpp" "${SRC}/longtrain/*.inc")
+if(NOT files)
+  message(FATAL_ERROR "check_layers.cmake: no source file under ${SRC}/longtrain")
+endif()
 set(errors "")
 foreach(f IN LISTS files)
   string(REGEX MATCH "^[^/]+" module "${f}")
@@ -49,5 +55,5 @@ foreach(f IN LISTS files)
   endforeach()
 endforeach()
 if(errors)
-  message(FATAL_ERROR "include against the layering of DESIGN.md:\n${errors}")
+  message(FATAL_ERROR "include against the module layering:\n${errors}")
 endif()

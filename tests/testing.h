@@ -71,7 +71,7 @@ struct Tol {
   // RoPE's q.k at positions (5, 2) against (105, 102), absolute (unit-scale q, k of 8 dims):
   // the two rotations' angles differ by 100 rad, whose fp32 sin/cos round to ~1e-5 of it.
   static constexpr double kRopeRelative = 1e-4;
-  // CPU Adam (DESIGN.md equivalence 3): |p - p_torch| on unit-scale fp32 data after 10 steps.
+  // CPU Adam (its equivalence to torch::optim::AdamW): |p - p_torch| on unit-scale fp32 data after 10 steps.
   static constexpr double kAdamParamAbs = 1e-6;
   // m and v against libtorch, relative to max(1, |x|): v reaches ~30 on randn gradients,
   // where one float ulp is already 1.9e-6 absolute.

@@ -138,7 +138,7 @@ class Comm {
   std::shared_ptr<Liveness> liveness_;
 };
 
-// The world, sequence-parallel and data-parallel groups of one rank (DESIGN.md: SP groups
+// The world, sequence-parallel and data-parallel groups of one rank (SP groups
 // are contiguous ranks of size sp; DP groups join ranks with the same SP rank).
 // With spRingDegree R > 1 the SP group is also split (sp/layout.h) into Ulysses groups of
 // U = sp / R adjacent SP ranks and ring groups of R SP ranks striding by U.

@@ -1,6 +1,6 @@
 // Compile passes over the step program (DeepCompile's, on an explicit program instead of an
 // FX graph). Each pass is a pure function Program -> Program of the program, a profile of a
-// previous step and memory budgets; none changes numerics (equivalence 6 of DESIGN.md), only
+// previous step and memory budgets; none changes numerics (the compile-pass equivalence), only
 // when parameters are gathered and how long activations live. Each declares what it
 // provides and requires; a pass list is valid when every requirement is provided by an
 // earlier pass in the same list. (DeepCompile's contracts also have conflicts_with; no pass

@@ -1,4 +1,4 @@
-// The step program (DESIGN.md): one micro-batch's forward, loss and backward as an explicit
+// The step program: one micro-batch's forward, loss and backward as an explicit
 // list of instructions over parameter groups (blocks 0..L-1, head L, embed L+1), plus the
 // gradient reduction, and where the optimizer step falls (OptimizerStep, the last instruction:
 // the executor runs nothing for it, and the engine runs the step once the accumulation
