@@ -194,6 +194,11 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, bool initialize) : cfg_(cfg)
   if (lmHead_.defined()) head.push_back({"lm_head.weight", lmHead_});
   groups_.push_back(head);
   groups_.push_back({{"model.embed_tokens.weight", embed_}});
+  for (auto& g : groups_)
+    for (auto& np : g)
+      np.role = np.tensor.is_same(embed_) ? ParamRole::Embedding
+                : np.tensor.dim() >= 2    ? ParamRole::Matrix
+                                          : ParamRole::Vector;
 }
 
 std::vector<int> Model::groupOrder() const {

@@ -62,9 +62,15 @@ at::Tensor rmsNorm(const at::Tensor& x, const at::Tensor& w, double eps);
 // x [B, S, H, Dh], pos [B, S]: rotary embedding with the half-split layout (Hugging Face Llama).
 at::Tensor rope(const at::Tensor& x, const at::Tensor& pos, double theta, const RopeScaling& scaling = {});
 
+// What a parameter is to the model. A Matrix is read only through the block's and the head's
+// GEMMs; the token embedding is looked up (and read by a tied LM head); a Vector is a norm's
+// weight or a bias. Optimizers take their per-parameter rules from it (weight decay, bf16 copies).
+enum class ParamRole { Matrix, Embedding, Vector };
+
 struct NamedParam {
   std::string name;
   at::Tensor tensor;
+  ParamRole role = ParamRole::Vector;  // set by the Model from the parameter's name and shape
 };
 
 class Model {

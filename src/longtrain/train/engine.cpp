@@ -76,35 +76,6 @@ std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval) {
   return std::make_shared<data::TokenFileDataset>(d.path, width, d.seqLen, cfg.model.vocabSize, w);
 }
 
-namespace {
-
-constexpr const char* kEmbedding = "model.embed_tokens.weight";
-
-// Weight-decay groups, in Model::parameters() order: matrices decay; norms never, and the
-// token embedding (the tied LM head with it) only with optimizer.decay_embeddings.
-std::vector<double> weightDecayOf(const model::Model& m, const config::OptimizerConfig& o) {
-  std::vector<double> out;
-  for (int g : m.groupOrder())
-    for (const auto& np : m.group(g)) {
-      const bool embedding = np.name == kEmbedding;
-      out.push_back(np.tensor.dim() >= 2 && (!embedding || o.decayEmbeddings) ? o.weightDecay : 0.0);
-    }
-  return out;
-}
-
-// Under the bf16 GEMM route, the parameters the model reads only through its GEMMs (every
-// matrix but the token embedding, which the tied LM head shares), in Model::parameters()
-// order: ZeRO gathers their bf16 copies (Zero3Options::bf16Params). Empty on other routes.
-std::vector<bool> bf16GatheredOf(const model::Model& m, const model::ModelConfig& c) {
-  std::vector<bool> out;
-  if (model::gemmRoute(c) != kernels::GemmRoute::Bf16) return out;
-  for (int g : m.groupOrder())
-    for (const auto& np : m.group(g)) out.push_back(np.tensor.dim() >= 2 && np.name != kEmbedding);
-  return out;
-}
-
-}  // namespace
-
 void agreeOnPlan(const config::RunPlan& plan, comm::Comm& world) {
   const auto fields = plan.agreedFields();
   const int64_t n = static_cast<int64_t>(fields.size());
@@ -170,10 +141,8 @@ void Engine::buildLoader() {
 
 void Engine::buildOptimizer(const EngineOptions& opts) {
   const int threads = at::get_num_threads();
-  zero::Zero3Options zo = zero::Zero3Options::from(cfg_, threads, opts.rankCpus);
+  zero::Zero3Options zo = zero::Zero3Options::from(cfg_, plan_.bf16Compute, threads, opts.rankCpus);
   if (zo.superOffload && threads > 1) at::set_num_threads(threads - zo.workerCores);  // the trainer keeps the rest
-  zo.weightDecay = weightDecayOf(*model_, cfg_.optimizer);
-  if (cfg_.bf16Gathers && zo.stage > 0) zo.bf16Params = bf16GatheredOf(*model_, model_->config());
   zero_ = std::make_unique<zero::Zero3>(*model_, groups_.world, groups_.dp->size(), std::move(zo));
 }
 

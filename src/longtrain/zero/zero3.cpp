@@ -49,9 +49,18 @@ kernels::AdamParams adamParams(const config::OptimizerConfig& o) {
   return ap;
 }
 
+double decayOf(model::ParamRole role, const Zero3Options& o) {
+  switch (role) {
+    case model::ParamRole::Matrix: return o.adam.weightDecay;
+    case model::ParamRole::Embedding: return o.decayEmbeddings ? o.adam.weightDecay : 0.0;
+    case model::ParamRole::Vector: return 0.0;
+  }
+  return 0.0;
+}
+
 }  // namespace
 
-Zero3Options Zero3Options::from(const config::Config& cfg, int threads, const std::vector<int>& rankCpus) {
+Zero3Options Zero3Options::from(const config::Config& cfg, bool bf16Gemms, int threads, const std::vector<int>& rankCpus) {
   Zero3Options zo;
   zo.stage = cfg.zero.stage;
   zo.subGroupSize = cfg.zero.subGroupSize;
@@ -61,6 +70,8 @@ Zero3Options Zero3Options::from(const config::Config& cfg, int threads, const st
   zo.reduceBf16 = cfg.communicationDataType == "bf16";
   zo.gradientClipping = cfg.gradientClipping;
   zo.adam = adamParams(cfg.optimizer);
+  zo.decayEmbeddings = cfg.optimizer.decayEmbeddings;
+  zo.bf16Gathers = bf16Gemms && cfg.bf16Gathers && zo.stage > 0;  // stage 0 moves no parameter
   const auto& off = cfg.zero.offloadOptimizer;
   zo.superOffload = off.superOffload;
   zo.ratio = off.ratio;
@@ -77,7 +88,7 @@ Zero3Options Zero3Options::from(const config::Config& cfg, int threads, const st
 Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSize, Zero3Options o)
     : world_(std::move(world)), dpSize_(dpSize), o_(std::move(o)) {
   LT_ASSERT(o_.stage >= 0 && o_.stage <= 3, "ZeRO stage ", o_.stage);
-  LT_ASSERT(o_.stage > 0 || (!o_.superOffload && o_.bf16Params.empty() && !o_.reduceBf16),
+  LT_ASSERT(o_.stage > 0 || (!o_.superOffload && !o_.bf16Gathers && !o_.reduceBf16),
             "stage 0 keeps fp32 replicas and steps them on the trainer thread");
   const int W = partitions(), r = partitionRank();
   // Parameters in model order, cut into sub-groups of at most subGroupSize elements.
@@ -91,7 +102,8 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
       pi.shape = np.tensor.sizes().vec();
       pi.numel = np.tensor.numel();
       pi.chunk = partitionChunk(pi.numel, W);
-      pi.bf16 = params_.size() < o_.bf16Params.size() && o_.bf16Params[params_.size()];  // size checked below
+      pi.bf16 = o_.bf16Gathers && np.role == model::ParamRole::Matrix;
+      pi.weightDecay = decayOf(np.role, o_);
       if (subGroups_.empty() || (sgNumel + pi.numel > o_.subGroupSize && sgNumel > 0)) {
         subGroups_.emplace_back();
         sgNumel = 0;
@@ -107,10 +119,6 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
       ledger_.unpartitionedBytes += pi.numel * 16;
       if (o_.stage == 1 || o_.stage == 2) ledger_.replicaBytes += pi.numel * 4;
     }
-  LT_ASSERT(o_.weightDecay.empty() || o_.weightDecay.size() == params_.size(), "weightDecay has ",
-            o_.weightDecay.size(), " entries for ", params_.size(), " parameters");
-  LT_ASSERT(o_.bf16Params.empty() || o_.bf16Params.size() == params_.size(), "bf16Params has ",
-            o_.bf16Params.size(), " entries for ", params_.size(), " parameters");
   adam_ = std::make_unique<kernels::CpuAdam>(o_.adam, std::max(1, o_.workerCores));
   const int n = numSubGroups();
   const int offloaded = o_.superOffload ? static_cast<int>(std::lround(o_.ratio * n)) : 0;
@@ -121,8 +129,7 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
     sg.grad = at::zeros({sg.partNumel}, at::kFloat);
     std::vector<kernels::DecaySpan> decay;  // each parameter's chunk keeps its own weight decay
     for (int i : sg.params)
-      decay.push_back({params_[i].offset, params_[i].chunk,
-                       o_.weightDecay.empty() ? o_.adam.weightDecay : o_.weightDecay[i]});
+      decay.push_back({params_[i].offset, params_[i].chunk, params_[i].weightDecay});
     sg.adamGroup = adam_->addGroup(sg.partNumel, decay);
     // Backward completes the last sub-groups first: offloading those overlaps the most.
     sg.offloaded = s >= n - offloaded;

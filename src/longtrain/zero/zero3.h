@@ -1,4 +1,4 @@
-// ZeRO stages 1, 2 and 3 with SuperOffload (DeepSpeed stage_1_and_2.py, stage3.py,
+// The optimizer of every ZeRO stage, 0 to 3, with SuperOffload (DeepSpeed stage_1_and_2.py, stage3.py,
 // superoffload/). The fp32 master and Adam states of every parameter are partitioned over the
 // world (padded to a multiple of it; rank r owns chunk r); stage 2 adds the gradients and
 // stage 3 the parameters themselves. Stages 1 and 2 keep the model's full parameters as a
@@ -24,8 +24,10 @@
 //   So rollback is exact (DeepSpeed inverts Adam algebraically, which is not) and costs 12
 //   bytes per offloaded parameter and no extra memory traffic.
 // Gradients are summed over the world (SP ranks' partial gradients and DP ranks) and
-// divided by the DP size, as the non-ZeRO engine does.
-// Under bf16 GEMMs (Zero3Options::bf16Params), a parameter the model reads only through them
+// divided by the DP size. Stage 0 is the replicated case: the state is partitioned over one
+// rank, the model's parameters and gradients are views of the sub-groups' flat buffers, and
+// the gradients are all-reduced in place instead of reduce-scattered.
+// Under bf16 GEMMs (Zero3Options::bf16Gathers), a parameter the model reads only through them (a Matrix)
 // travels as bf16: CPU Adam writes a bf16 rounding of the master beside it in the same pass (a
 // speculative step's is rounded at commit), gathers and replica refreshes move those copies
 // (half the bytes) and widen them to fp32 on
@@ -64,12 +66,12 @@ struct Zero3Options {
   int64_t reduceBucketSize = 500000000;     // elements per reduce-scatter (whole parameters)
   int64_t allgatherBucketSize = 500000000;  // elements per all-gather refreshing stage 1/2 replicas
   bool overlapComm = true;           // false: wait for each collective as it is issued
-  // Decoupled (AdamW) or L2 weight decay per parameter, in Model::parameters() order; empty:
-  // adam.weightDecay for every parameter.
-  std::vector<double> weightDecay;
-  // Per parameter, in Model::parameters() order: true where the model reads it only through
-  // bf16 GEMMs, which gathers it as bf16 (see above). Empty: every parameter travels as fp32.
-  std::vector<bool> bf16Params;
+  // Decoupled (AdamW) or L2 weight decay, adam.weightDecay, by each parameter's role: matrices
+  // decay, norms and biases never, the token embedding (a tied LM head with it) only with this.
+  bool decayEmbeddings = false;
+  // The model's GEMMs run in bf16: its matrices travel as bf16 copies (see above). false: every
+  // parameter travels as fp32.
+  bool bf16Gathers = false;
   // communication_data_type "bf16": each rank's gradient pieces are rounded to bf16 for the
   // reduce-scatter (half the bytes) and summed in fp32 on arrival.
   bool reduceBf16 = false;
@@ -85,12 +87,13 @@ struct Zero3Options {
   // for a rank running `threads` intra-op threads on `rankCpus`: with SuperOffload the worker
   // gets its share of them (pinned to the last of the CPUs when they are known) and the caller
   // keeps threads - workerCores. The per-parameter vectors are the caller's to fill.
-  static Zero3Options from(const config::Config& cfg, int threads, const std::vector<int>& rankCpus);
+  // bf16Gemms: the run plan's choice (the model's GEMMs run in bf16).
+  static Zero3Options from(const config::Config& cfg, bool bf16Gemms, int threads, const std::vector<int>& rankCpus);
 };
 
 // Bytes this rank holds, by kind (the memory ledger).
 struct Ledger {
-  int64_t paramBytes = 0;      // fp32 master partitions (and their bf16 copies, bf16Params)
+  int64_t paramBytes = 0;      // fp32 master partitions (and their bf16 copies, bf16Gathers)
   int64_t gradBytes = 0;       // fp32 gradient partitions
   int64_t optimBytes = 0;      // Adam m and v partitions
   int64_t rollbackBytes = 0;   // shadow master, m, v for exact rollback (super_offload only)
@@ -164,6 +167,7 @@ class Zero3 {
     int64_t numel, chunk;  // chunk = ceil(numel / world)
     int64_t offset;        // of this parameter's chunk in its sub-group's flat partition
     bool bf16 = false;     // gathered from the sub-group's bf16 copy
+    double weightDecay = 0;
   };
   struct SubGroup {
     std::vector<int> params;
