@@ -41,8 +41,6 @@ struct Executor::RunState {
 
 MicroBatchStats Executor::run(const Program& p, const data::Batch& batch, const RunOptions& o) {
   LT_ASSERT(batch.shift_labels.defined(), "shift_labels must be formed before the step");
-  for (size_t pc = 0; pc + 1 < p.code.size(); ++pc)
-    LT_ASSERT(p.code[pc].op != OpCode::OptimizerStep, "OptimizerStep at ", pc, " is not the program's last instruction");
   RunState r(batch, o, model_.numBlocks(), offload_);
   if (offload_) offload_->reset();
   auto live = [&] { return r.keptBytes(false) + (hooks_.gatheredBytes ? hooks_.gatheredBytes() : 0); };

@@ -216,7 +216,12 @@ void validatePasses(const std::vector<std::string>& names, int64_t step, const s
 Program applyPasses(const Program& base, const std::vector<std::string>& names, const PassContext& ctx,
                     const std::vector<PassInfo>& registry) {
   Program p = base;
-  for (const auto& n : names) p = findPass(n, -1, registry).fn(p, ctx);
+  for (const auto& n : names) {
+    p = findPass(n, -1, registry).fn(p, ctx);
+    for (size_t pc = 0; pc + 1 < p.code.size(); ++pc)  // the engine steps after the program returns
+      LT_ASSERT(p.code[pc].op != OpCode::OptimizerStep, "pass '", n, "' put OptimizerStep at ", pc,
+                ", before the program's end");
+  }
   return p;
 }
 
