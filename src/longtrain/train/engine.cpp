@@ -79,14 +79,13 @@ std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval) {
 void agreeOnPlan(const config::RunPlan& plan, comm::Comm& world) {
   const auto fields = plan.agreedFields();
   const int64_t n = static_cast<int64_t>(fields.size());
-  auto lo = at::empty({n}, at::kDouble);
-  for (int64_t i = 0; i < n; ++i) lo[i] = fields[i].second;
-  auto hi = lo.clone();
-  world.allReduce(lo, comm::ReduceOp::Min).wait();
-  world.allReduce(hi, comm::ReduceOp::Max).wait();
+  auto t = at::empty({2 * n}, at::kDouble);  // [values, -values]: one Max gives the max and the min
+  double* d = t.data_ptr<double>();
+  for (int64_t i = 0; i < n; ++i) d[i] = fields[i].second, d[n + i] = -fields[i].second;
+  world.allReduce(t, comm::ReduceOp::Max).wait();
   for (int64_t i = 0; i < n; ++i)
-    LT_CHECK(lo[i].item<double>() == hi[i].item<double>(), "the ranks resolved the run plan differently: ",
-             fields[i].first, " is ", lo[i].item<double>(), " on some ranks and ", hi[i].item<double>(),
+    LT_CHECK(-d[n + i] == d[i], "the ranks resolved the run plan differently: ",
+             fields[i].first, " is ", -d[n + i], " on some ranks and ", d[i],
              " on others (this rank: ", fields[i].second, "); the ranks' machines differ. Set the option ",
              "explicitly in the config so that every rank takes the same");
 }
