@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
   for (const auto& m : modes) {
     lt::config::ParallelLayout l;
     try {
-      l = lt::config::ParallelLayout::make(m.P, m.P, s.H, s.KV, m.R, m.balance);
+      l = lt::config::ParallelLayout::make(m.P, m.P, s.H, s.KV, m.R, *lt::config::optionFromName<lt::config::SpBalance>(m.balance));
     } catch (const lt::Error& e) {
       std::printf("| %d | R=%d %s | skipped: %s |\n", m.P, m.R, m.balance, e.what());
       continue;

@@ -39,7 +39,7 @@ TEST(Bf16, LossesTrackFp32OverFiftySteps) {
   // bf16.attention=false keeps the attention kernel fp32: still within the tolerance, and where
   // the CPU runs bf16 attention (AVX512_BF16) the losses differ, so the key reaches the kernel.
   j["bf16"]["attention"] = false;
-  EXPECT_FALSE(lt::config::parseConfig(j, 1).model.bf16Attention);
+  EXPECT_FALSE(lt::config::parseConfig(j, 1).precision.attention);
   auto fp32Attention = lt::testing::trainOnRanks(j, 1, 1, 50)[0];
   for (int s = 0; s < 50; ++s)
     EXPECT_LE(std::abs(fp32Attention.losses[s] - fp32.losses[s]) / fp32.losses[s], Tol::kBf16Loss) << "step " << s;

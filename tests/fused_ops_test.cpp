@@ -202,7 +202,7 @@ TEST(FusedOps, HeadLossEqualsLogitsThenCrossEntropy) {
     lt::model::ModelConfig cfg;
     cfg.vocabSize = 50, cfg.hidden = 16, cfg.layers = 1, cfg.heads = 2, cfg.kvHeads = 2, cfg.intermediate = 24;
     cfg.tieEmbeddings = tied;
-    cfg.bf16Compute = bf16;
+    cfg.resolved.bf16Gemms = bf16;
     const double gradTol = bf16 ? Tol::kBf16Rounding : Tol::kFusedKernel;
     auto gen = at::make_generator<at::CPUGeneratorImpl>(26);
     auto h0 = at::randn({2, 13, 16}, gen) * 2;
@@ -261,7 +261,7 @@ class HeadLossMemory : public ::testing::TestWithParam<bool> {};
 TEST_P(HeadLossMemory, HoldsOneLogitsBuffer) {
   lt::model::ModelConfig cfg;
   cfg.vocabSize = 8192, cfg.hidden = 64, cfg.layers = 1, cfg.heads = 2, cfg.kvHeads = 2, cfg.intermediate = 96;
-  cfg.oneDnnGemm = GetParam();
+  cfg.resolved.oneDnnGemm = GetParam();
   lt::model::Model m(cfg, 5);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(27);
   const int64_t T = 4096;

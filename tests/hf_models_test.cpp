@@ -46,7 +46,7 @@ void checkSequenceParallel(const std::string& name, int ringDegree) {
   const fs::path dir = fixture(name);
   const auto ref = lt::testing::readHfReference(dir);
   const auto mc = lt::config::readHfLlamaConfig(dir.string()).model;
-  const auto layout = lt::config::ParallelLayout::make(2, 2, mc.heads, mc.kvHeads, ringDegree, "contiguous");
+  const auto layout = lt::config::ParallelLayout::make(2, 2, mc.heads, mc.kvHeads, ringDegree, lt::config::SpBalance::Contiguous);
   lt::data::Batch whole;
   whole.input_ids = ref.ids, whole.labels = ref.labels, whole.position_ids = ref.pos;
   lt::testing::runRanks(2, 2, [&](int r, lt::comm::Groups& g) {

@@ -55,13 +55,13 @@ TEST(HfLoad, ZeroThreeRanksReadOnlyTheirSlicesAndGatherTheFile) {
 TEST(HfLoad, RopeScalingTravelsThroughTheConfigAndExport) {
   json j = initFromConfig(fixture("gqa_llama3_rope"));
   const auto cfg = lt::config::parseConfig(j, 1);
-  EXPECT_EQ(cfg.model.ropeScaling.type, "llama3");
+  EXPECT_EQ(cfg.model.ropeScaling.type, lt::config::RopeType::Llama3);
   EXPECT_EQ(cfg.model.ropeScaling.originalMaxPositions, 64);
   EXPECT_EQ(json::parse(cfg.source)["model"]["rope_scaling"]["rope_type"], "llama3");
   j["model"]["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}};
   j["model"]["rope_theta"] = 40000.0;
   const auto extended = lt::config::parseConfig(j, 1);
-  EXPECT_EQ(extended.model.ropeScaling.type, "yarn");
+  EXPECT_EQ(extended.model.ropeScaling.type, lt::config::RopeType::Yarn);
   EXPECT_EQ(extended.model.ropeTheta, 40000.0);
   EXPECT_EQ(extended.model.hidden, 32);  // the rest still from config.json
 }

@@ -270,7 +270,7 @@ TEST(ActivationOffload, KeptGraphsStayAndTheRecomputedBlocksGo) {
   auto none = trainTrace(j, 1, 1, 1);
   EXPECT_EQ(none.program.find("OffloadActivation"), std::string::npos) << none.program;
   auto cfg = lt::config::parseConfig(j, 1);
-  cfg.activationCheckpointing = "auto";
+  cfg.activationCheckpointing = lt::config::Recompute::Auto;
   j["activation_checkpointing"] = "auto";
   j["train"]["memory_budget"] = lt::plan::predictPeak(cfg, 1, 2).total();  // 2 graphs fit
   auto two = trainTrace(j, 1, 1, 1);

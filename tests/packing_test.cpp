@@ -29,7 +29,7 @@ lt::model::ModelConfig packingModel(const std::string& attention) {
   mc.heads = 4;
   mc.kvHeads = 2;
   mc.intermediate = 40;
-  mc.attention = attention;
+  mc.attention = *lt::config::optionFromName<lt::config::AttentionKernel>(attention);
   mc.attentionChunk = 3;  // tiles smaller than either document, not dividing them
   return mc;
 }
@@ -62,7 +62,7 @@ struct LossAndGrads {
 LossAndGrads separately(const lt::model::ModelConfig& mc) {
   auto [a, b] = twoDocuments();
   lt::model::ModelConfig plain = mc;
-  plain.packedDocuments = false;
+  plain.resolved.packedDocuments = false;
   lt::model::Model m(plain, 3);
   LossAndGrads out;
   for (const auto& doc : {a, b}) {
@@ -105,7 +105,7 @@ TEST_P(PackedEqualsSeparate, LossAndEveryGradient) {
   at::set_num_threads(1);
   auto mc = packingModel(GetParam());
   const auto ref = separately(mc);
-  mc.packedDocuments = true;
+  mc.resolved.packedDocuments = true;
   lt::model::Model m(mc, 3);
   auto batch = batchOf(packedWindow());
   EXPECT_EQ(batch.shift_labels.ne(-100).sum().item<int64_t>(), 6 + 8);  // no EOS -> next-document target
@@ -140,14 +140,14 @@ TEST(Packing, UlyssesSpTwoEqualsSeparateDocuments) {
   for (const std::string core : {"fused", "naive"}) {
     auto mc = packingModel(core);
     const auto ref = separately(mc);
-    mc.packedDocuments = true;
+    mc.resolved.packedDocuments = true;
     auto whole = batchOf(packedWindow());
     lt::compile::RunOptions ro;
     ro.lossDenominator = 1;
     lt::testing::runRanks(2, 2, [&](int r, lt::comm::Groups& g) {
       lt::model::Model m(mc, 3);
       lt::compile::Executor ex(m, lt::sp::ulyssesAttention(g.sp, lt::model::attentionCore(mc)), {});
-      auto st = ex.run(lt::compile::baseProgram(m.numBlocks()), lt::sp::shardBatch(whole, r, lt::config::ParallelLayout::make(2, 2, mc.heads, mc.kvHeads, 1, "contiguous")), ro);
+      auto st = ex.run(lt::compile::baseProgram(m.numBlocks()), lt::sp::shardBatch(whole, r, lt::config::ParallelLayout::make(2, 2, mc.heads, mc.kvHeads, 1, lt::config::SpBalance::Contiguous)), ro);
       auto loss = at::tensor({st.lossSum}, at::kDouble);
       g.sp->allReduce(loss).wait();
       EXPECT_LE(std::abs(loss.item<double>() - ref.lossSum) / ref.lossSum, Tol::kSequenceParallel) << core;

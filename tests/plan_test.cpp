@@ -64,9 +64,9 @@ TEST(Plan, PersistentPartsInClosedForm) {
   // Under bf16 GEMMs the masters carry bf16 copies for the gathers (2 bytes each), unless
   // bf16.gathers is off.
   auto b = z;
-  b.model.bf16Compute = true;  // what the engine (and `longtrain plan`) sets when bf16 is chosen
+  b.model.resolved.bf16Gemms = true;  // what the engine (and `longtrain plan`) sets when bf16 is chosen
   EXPECT_EQ(lt::plan::modelState(b, 4).parameters, N + 2 * N / 4);
-  b.bf16Gathers = false;
+  b.precision.gathers = false;
   EXPECT_EQ(lt::plan::modelState(b, 4).parameters, N);
 }
 
@@ -116,7 +116,7 @@ TEST(Plan, NaiveAttentionGrowsQuadraticallyChunkedAndFusedLinearly) {
   }
   // The fused kernel holds only the log-sum-exp beyond what the block saves anyway.
   auto fused = parse(planConfig(), 1, {"model.vocab_size=100"}), chunked = fused;
-  chunked.model.attention = "chunked";
+  chunked.model.attention = lt::config::AttentionKernel::Chunked;
   EXPECT_LT(predictPeak(withSeq(fused, 8192), 1).total(), predictPeak(withSeq(chunked, 8192), 1).total());
 }
 
@@ -142,11 +142,11 @@ TEST(Plan, AblationLadderAddsOneOptionPerRung) {
   auto c = parse(planConfig(), 1, {"model.num_heads=2", "model.num_kv_heads=2"});
   auto ladder = lt::plan::ablationLadder(c);
   ASSERT_EQ(ladder.size(), 8u);
-  EXPECT_EQ(ladder[0].cfg.model.attention, "naive");
+  EXPECT_EQ(ladder[0].cfg.model.attention, lt::config::AttentionKernel::Naive);
   EXPECT_EQ(ladder[0].cfg.model.lossChunk, 0);
   EXPECT_GT(ladder[1].cfg.model.lossChunk, 0);
-  EXPECT_EQ(ladder[1].cfg.model.attention, "naive");
-  EXPECT_EQ(ladder[2].cfg.model.attention, "fused");
+  EXPECT_EQ(ladder[1].cfg.model.attention, lt::config::AttentionKernel::Naive);
+  EXPECT_EQ(ladder[2].cfg.model.attention, lt::config::AttentionKernel::Fused);
   EXPECT_TRUE(ladder[3].cfg.model.tiledMlp);
   EXPECT_EQ(ladder[4].world, 2);
   EXPECT_TRUE(ladder[4].skipped.empty());

@@ -49,8 +49,8 @@ lt::model::ModelConfig ringModel(const RingCase& c) {
   mc.heads = c.heads;
   mc.kvHeads = c.kvHeads;
   mc.intermediate = 40;
-  mc.packedDocuments = c.packed;
-  if (c.window > 0) mc.modelType = "mistral", mc.slidingWindow = c.window;
+  mc.resolved.packedDocuments = c.packed;
+  if (c.window > 0) mc.modelType = lt::config::ModelType::Mistral, mc.slidingWindow = c.window;
   return mc;
 }
 
@@ -99,7 +99,7 @@ Measured checkRing(const RingCase& c) {
   lt::compile::Executor rex(ref, naive, {});
   const auto rst = rex.run(lt::compile::baseProgram(ref.numBlocks()), whole, ro);
 
-  const auto layout = lt::config::ParallelLayout::make(c.p, c.p, c.heads, c.kvHeads, c.ring, c.balance);
+  const auto layout = lt::config::ParallelLayout::make(c.p, c.p, c.heads, c.kvHeads, c.ring, *lt::config::optionFromName<lt::config::SpBalance>(c.balance));
   EXPECT_EQ(layout.R, c.ring);
   std::vector<Measured> seen(c.p);
   runRanks(c.p, c.p, [&](int r, lt::comm::Groups& g) {
@@ -158,28 +158,28 @@ INSTANTIATE_TEST_SUITE_P(Layouts, RingEquivalence, ::testing::ValuesIn(ringCases
                          [](const ::testing::TestParamInfo<RingCase>& i) { return caseName(i.param); });
 
 TEST(SpLayout, ChoosesTheLargestUlyssesDegreeTheHeadsAllow) {
-  auto l = lt::config::ParallelLayout::make(8, 8, 4, 4, 0, "auto");
+  auto l = lt::config::ParallelLayout::make(8, 8, 4, 4, 0, lt::config::SpBalance::Auto);
   EXPECT_EQ(l.U, 4);
   EXPECT_EQ(l.R, 2);
   EXPECT_TRUE(l.zigzag);  // auto: zigzag when R > 1
-  l = lt::config::ParallelLayout::make(4, 4, 8, 2, 0, "auto");  // kv heads replicated
+  l = lt::config::ParallelLayout::make(4, 4, 8, 2, 0, lt::config::SpBalance::Auto);  // kv heads replicated
   EXPECT_EQ(l.U, 4);
   EXPECT_FALSE(l.zigzag);
-  l = lt::config::ParallelLayout::make(6, 6, 4, 4, 0, "auto");  // 6 = U 2 x R 3
+  l = lt::config::ParallelLayout::make(6, 6, 4, 4, 0, lt::config::SpBalance::Auto);  // 6 = U 2 x R 3
   EXPECT_EQ(l.U, 2);
   EXPECT_EQ(l.R, 3);
-  l = lt::config::ParallelLayout::make(4, 4, 2, 2, 0, "contiguous");
+  l = lt::config::ParallelLayout::make(4, 4, 2, 2, 0, lt::config::SpBalance::Contiguous);
   EXPECT_EQ(l.R, 2);
   EXPECT_FALSE(l.zigzag);
   EXPECT_EQ(l.describe(), "Ulysses 2 x ring 2, contiguous");
 }
 
 TEST(SpLayout, ErrorsNameTheKeyTheValueAndTheFix) {
-  auto err = lt::testing::errorOf([] { lt::config::ParallelLayout::make(4, 4, 4, 4, 3, "auto"); });
+  auto err = lt::testing::errorOf([] { lt::config::ParallelLayout::make(4, 4, 4, 4, 3, lt::config::SpBalance::Auto); });
   EXPECT_NE(err.find("sequence_parallel_ring_degree=3 does not divide sequence_parallel_size=4; choose one of: 1, 2, 4"),
             std::string::npos)
       << err;
-  err = lt::testing::errorOf([] { lt::config::ParallelLayout::make(4, 4, 2, 2, 1, "auto"); });
+  err = lt::testing::errorOf([] { lt::config::ParallelLayout::make(4, 4, 2, 2, 1, lt::config::SpBalance::Auto); });
   EXPECT_NE(err.find("sequence_parallel_ring_degree=1 leaves a Ulysses degree 4"), std::string::npos) << err;
   EXPECT_NE(err.find("choose one of: 2, 4"), std::string::npos) << err;
 }

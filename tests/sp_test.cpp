@@ -44,7 +44,7 @@ std::vector<int64_t> row(const at::Tensor& t) {
 
 // Plain Ulysses over P ranks: contiguous shards.
 lt::config::ParallelLayout ulyssesLayout(int P) {
-  return lt::config::ParallelLayout::make(P, P, 4 * P, 4 * P, 1, "contiguous");
+  return lt::config::ParallelLayout::make(P, P, 4 * P, 4 * P, 1, lt::config::SpBalance::Contiguous);
 }
 
 TEST(UlyssesLoader, DeepSpeedExample) {
@@ -117,7 +117,7 @@ TEST(UlyssesLoader, PadsALengthPDoesNotDivide) {
 
 // Pure Ulysses (ring degree 1): the head counts must allow P (DeepSpeed's rules).
 TEST(Ulysses, HeadChecks) {
-  auto ulysses = [](int64_t heads, int64_t kv, int P) { return lt::config::ParallelLayout::make(P, P, heads, kv, 1, "auto"); };
+  auto ulysses = [](int64_t heads, int64_t kv, int P) { return lt::config::ParallelLayout::make(P, P, heads, kv, 1, lt::config::SpBalance::Auto); };
   EXPECT_NO_THROW(ulysses(8, 2, 4));  // KV replicated
   EXPECT_NO_THROW(ulysses(8, 8, 4));
   EXPECT_THROW(ulysses(6, 6, 4), lt::Error);

@@ -213,9 +213,9 @@ TEST(ActivationCheckpointing, AutoKeepsWhatTheBudgetHolds) {
     program = e.program().listing();
   });
   EXPECT_NE(program.find("Forward(1)\nForwardGraph(2)\nForwardGraph(3)"), std::string::npos) << program;
-  cfg.activationCheckpointing = "all";
+  cfg.activationCheckpointing = lt::config::Recompute::All;
   EXPECT_EQ(lt::plan::graphBlocksFor(cfg, 1, none * 100), 0);
-  cfg.activationCheckpointing = "none";
+  cfg.activationCheckpointing = lt::config::Recompute::None;
   EXPECT_EQ(lt::plan::graphBlocksFor(cfg, 1, 1), 4);
   j["train"]["memory_budget"] = "1GiB";  // a string with a unit reads too
   EXPECT_EQ(lt::config::parseConfig(j, 1).train.memoryBudget, int64_t{1} << 30);

@@ -183,12 +183,12 @@ TEST_F(TokenizerJson, SidecarRecordsTheTokenizerAndFeedsTheConfig) {
   EXPECT_EQ(s->splitOn, "%\n");
   // A data section that names only the file gets the EOS and the tokenizer from the sidecar...
   lt::config::DataConfig d;
-  d.type = "uint32", d.path = o.outPath, d.packing = "documents";
+  d.type = lt::config::DataType::Uint32, d.path = o.outPath, d.packing = lt::config::Packing::Documents;
   lt::config::applyTokenSidecar(d);
   EXPECT_EQ(d.eosId, s->eosId);
   EXPECT_EQ(d.tokenizer, s->tokenizer);
   // ... and a data.type that disagrees with it is refused, naming both.
-  d.type = "uint16";
+  d.type = lt::config::DataType::Uint16;
   try {
     lt::config::applyTokenSidecar(d);
     ADD_FAILURE() << "uint16 over a uint32 file was accepted";

@@ -162,7 +162,7 @@ InferenceModel loadInferenceModel(const std::string& path) {
            c.manifest().params.size(), " parameters, its config's model ", params.size());
   for (size_t i = 0; i < params.size(); ++i) c.read(static_cast<int>(i), "", 0, params[i].detach().view({-1}));
   r.tokenizer = cfg.data.tokenizer;
-  r.promptAfterEos = cfg.data.packing == "documents";
+  r.promptAfterEos = cfg.data.packing == config::Packing::Documents;
   r.describe = "checkpoint " + c.dir() + " (step " + std::to_string(c.manifest().step) + ")";
   return r;
 }

@@ -5,9 +5,14 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json_fwd.hpp>
 
+#include <algorithm>
 #include <functional>
+#include <initializer_list>
+#include <map>
 #include <string>
 #include <vector>
+
+#include "longtrain/config/options.h"
 
 namespace lt::cli {
 
@@ -26,6 +31,16 @@ Command generateCommand(CLI::App& app);
 Command tokenizeCommand(CLI::App& app);
 Command plotCommand(CLI::App& app);
 Command infoCommand(CLI::App& app);
+
+// A flag that takes an option enum's names (config/options.h), `accepted` of them (empty: all).
+template <class E>
+CLI::CheckedTransformer optionChoices(std::initializer_list<E> accepted = {}) {
+  std::map<std::string, E> names;
+  for (const auto& [value, name] : config::OptionNames<E>::kAll)
+    if (accepted.size() == 0 || std::find(accepted.begin(), accepted.end(), value) != accepted.end())
+      names.emplace(name, value);
+  return CLI::CheckedTransformer(names);
+}
 
 // --nproc wins; else the config's train.nproc (validated later by parseConfig); else 1.
 int nprocOf(const nlohmann::json& j, int nprocFlag);

@@ -18,6 +18,7 @@
 #include "longtrain/comm/bring_up.h"
 #include "longtrain/comm/launch.h"
 #include "longtrain/core/check.h"
+#include "longtrain/core/number_list.h"
 #include "longtrain/report/heatmap.h"
 #include "longtrain/train/long_eval.h"
 
@@ -26,7 +27,9 @@ namespace lt::cli {
 namespace {
 
 struct EvalFlags {
-  std::string model, data, dtype, packing = "none", tokenizer, out;
+  std::string model, data, tokenizer, out;
+  config::TokenDtype dtype = config::TokenDtype::FromSidecar;
+  config::Packing packing = config::Packing::None;
   int64_t seqLen = 0, windows = 0, eosId = -1;
   int nproc = 1;  // --data on this many SP ranks (processes)
   bool json = false, needle = false;
@@ -35,32 +38,15 @@ struct EvalFlags {
   uint64_t seed = 1234;
 };
 
-template <class T>
-std::vector<T> parseList(const std::string& text, const char* flag) {
-  std::vector<T> out;
-  std::stringstream ss(text);
-  std::string part;
-  while (std::getline(ss, part, ',')) {
-    std::istringstream in(part);
-    T v{};
-    in >> v;
-    LT_CHECK(!part.empty() && in && in.peek() == EOF, flag, " '", text, "': '", part, "' is not a number (give a ",
-             "comma-separated list, e.g. ", flag, std::string(flag) == "--depths" ? " 0,0.5,1" : " 1024,4096", ")");
-    out.push_back(v);
-  }
-  LT_CHECK(!out.empty(), flag, " is empty; give a comma-separated list");
-  return out;
-}
-
 train::PositionLossOptions positionOptions(const EvalFlags& f) {
-  return train::positionLossOptions(f.data, f.seqLen, f.windows, f.dtype, f.packing == "documents", f.eosId, -1,
+  return train::positionLossOptions(f.data, f.seqLen, f.windows, f.dtype, f.packing == config::Packing::Documents, f.eosId, -1,
                                     "eval --data");
 }
 
 void printPositionLoss(const train::PositionLoss& r, const EvalFlags& f) {
   std::printf("eval: %s: %lld windows x %lld tokens, %lld scored, loss %.4f (perplexity %.2f)\n", f.data.c_str(),
               (long long)r.windows, (long long)f.seqLen, (long long)r.tokens, r.loss(), std::exp(r.loss()));
-  std::printf("  loss by position (the target's position in its %s):\n", f.packing == "documents" ? "document" : "window");
+  std::printf("  loss by position (the target's position in its %s):\n", f.packing == config::Packing::Documents ? "document" : "window");
   for (const auto& b : r.buckets)
     if (b.tokens > 0)
       std::printf("    [%7lld, %7lld)  %.4f  (%lld tokens)\n", (long long)b.start, (long long)b.end,
@@ -103,7 +89,7 @@ constexpr std::chrono::milliseconds kRankTimeout{120000};
 train::SequenceParallel rankGroups(const model::ModelConfig& m) {
   train::SequenceParallel sp;
   const int world = comm::envInt("WORLD_SIZE", 1);
-  sp.layout = config::ParallelLayout::make(world, world, m.heads, m.kvHeads, 0, "auto");
+  sp.layout = config::ParallelLayout::make(world, world, m.heads, m.kvHeads, 0, lt::config::SpBalance::Auto);
   comm::BringUpOptions bo;
   bo.sequenceParallel = world;
   bo.ringDegree = sp.layout.R;
@@ -123,10 +109,10 @@ void addEvalOptions(CLI::App* ev, EvalFlags& f) {
   ev->add_option("--windows", f.windows, "evaluate at most this many windows (default: all)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   ev->add_option("--dtype", f.dtype, "the token file's dtype (default: its sidecar's)")
-      ->check(CLI::IsMember({"uint16", "uint32"}));
+      ->transform(optionChoices({config::TokenDtype::Uint16, config::TokenDtype::Uint32}));
   ev->add_option("--packing", f.packing, "none (default): positions run through the window; documents: they "
                                          "restart after every EOS, and no token attends across one")
-      ->check(CLI::IsMember({"none", "documents"}));
+      ->transform(optionChoices<config::Packing>());
   ev->add_option("--eos-id", f.eosId, "the EOS id for --packing documents (default: the sidecar's)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
   ev->add_flag("--needle", f.needle, "passkey retrieval: a number hidden in filler, asked for at the end");
@@ -180,8 +166,8 @@ int runEval(const EvalFlags& f, int argc, char** argv) {
     LT_CHECK(tok.vocabSize() <= m.model->config().vocabSize, "the tokenizer '", tok.path(), "' has ", tok.vocabSize(),
              " tokens, the model only ", m.model->config().vocabSize);
     train::NeedleOptions o;
-    o.lengths = parseList<int64_t>(f.lengths.empty() ? "1024" : f.lengths, "--lengths");
-    o.depths = parseList<double>(f.depths.empty() ? "0,0.25,0.5,0.75,1" : f.depths, "--depths");
+    o.lengths = parseNumberList<int64_t>(f.lengths.empty() ? "1024" : f.lengths, "--lengths", "1024,4096");
+    o.depths = parseNumberList<double>(f.depths.empty() ? "0,0.25,0.5,0.75,1" : f.depths, "--depths", "0,0.5,1");
     for (double d : o.depths) LT_CHECK(d >= 0 && d <= 1, "--depths: ", d, " is outside 0..1");
     for (int64_t l : o.lengths) LT_CHECK(l >= 64, "--lengths: ", l, " tokens cannot hold the prompt; give >= 64");
     o.trials = f.trials, o.digits = f.digits, o.seed = f.seed;

@@ -12,6 +12,7 @@
 #include "longtrain/cli/command.h"
 #include "longtrain/ckpt/hf_llama.h"
 #include "longtrain/core/check.h"
+#include "longtrain/core/number_list.h"
 #include "longtrain/data/text.h"
 #include "longtrain/model/generate.h"
 
@@ -35,7 +36,7 @@ std::vector<int64_t> promptIds(const GenerateFlags& f, const data::Tokenizer* to
   LT_CHECK(f.prompt.empty() || tok, "--prompt needs a tokenizer: ", f.source, " names none; give --tokenizer ",
            "(a tokenizer.json, a tokenizer.model or a model directory), or the prompt as token ids with --prompt-ids");
   LT_CHECK(f.prompt.empty() != f.promptIds.empty(), "give the prompt as text (--prompt) or as ids (--prompt-ids)");
-  if (!f.promptIds.empty()) return data::parseTokenIds(f.promptIds, "--prompt-ids");
+  if (!f.promptIds.empty()) return parseNumberList<int64_t>(f.promptIds, "--prompt-ids", "1,15,27");
   std::vector<int64_t> ids = tok->encode(f.prompt);
   const int64_t start = afterEos ? tok->eosId() : tok->bosId();
   if (start >= 0) ids.insert(ids.begin(), start);

@@ -9,6 +9,7 @@
 
 #include "longtrain/cli/command.h"
 #include "longtrain/config/parse.h"
+#include "longtrain/config/run_plan.h"
 #include "longtrain/plan/memory_model.h"
 
 namespace lt::cli {
@@ -42,9 +43,9 @@ void printHeader(const config::Config& cfg, int world) {
               m.numParams() / 1e6, (long long)m.layers, (long long)m.hidden, (long long)m.heads,
               (long long)m.vocabSize, (long long)cfg.microBatch, world, cfg.sequenceParallelSize, cfg.zero.stage,
               cfg.zero.offloadOptimizer.superOffload ? " + super_offload" : "");
-  std::printf("      attention %s (tile %lld), loss_chunk %lld, tiled_mlp %s%s\n", m.attention.c_str(),
+  std::printf("      attention %s (tile %lld), loss_chunk %lld, tiled_mlp %s%s\n", config::optionName(m.attention),
               (long long)m.attentionChunk, (long long)m.lossChunk, m.tiledMlp ? "true" : "false",
-              m.bf16Compute ? ", bf16 GEMMs (assumed faster on the run's CPU; it measures)" : "");
+              m.resolved.bf16Gemms ? ", bf16 GEMMs (assumed faster on the run's CPU; it measures)" : "");
 }
 
 void printPeak(const config::Config& cfg, int world) {
@@ -53,7 +54,7 @@ void printPeak(const config::Config& cfg, int world) {
   std::printf("seq_len %lld\n", (long long)cfg.data.seqLen);
   std::printf("activation_checkpointing \"%s\": %d of %lld blocks keep their graph, %lld recomputed "
               "(budget %.0f MiB/rank%s)\n",
-              cfg.activationCheckpointing.c_str(), k, (long long)cfg.model.layers, (long long)(cfg.model.layers - k),
+              config::optionName(cfg.activationCheckpointing), k, (long long)cfg.model.layers, (long long)(cfg.model.layers - k),
               mib(acBudget), cfg.train.memoryBudget > 0 ? ", train.memory_budget" : ": 90% of this host's available memory / ranks");
   printBreakdown(plan::predictPeak(cfg, world, k));
 }
@@ -93,8 +94,11 @@ void printMaxSeq(const config::Config& cfg, int world, int64_t budget) {
 int runPlan(const ConfigFlags& f) {
   nlohmann::json j = config::loadConfigJson(f.config, f.sets);
   const int world = nprocOf(j, f.nproc);
-  config::Config cfg = config::parseConfig(j, world);
-  cfg.model.bf16Compute = cfg.bf16;  // the run measures whether bf16 is faster; plan assumes it is
+  config::RunPlan assumed;  // the run measures whether bf16 is faster; plan assumes it is
+  const config::Config parsed = config::parseConfig(j, world);
+  assumed.kernels.bf16Gemms = parsed.precision.bf16;
+  const config::Config cfg = assumed.applied(parsed);
+  for (const auto& line : cfg.notices) std::printf("longtrain: %s\n", line.c_str());
   const int64_t budget = f.maxSeq.empty() ? 0 : plan::parseBytes(f.maxSeq);
   printHeader(cfg, world);
   if (f.maxSeq.empty()) printPeak(cfg, world);
@@ -105,6 +109,8 @@ int runPlan(const ConfigFlags& f) {
 int runConfig(const ConfigFlags& f) {
   nlohmann::json j = config::loadConfigJson(f.config, f.sets);
   const config::Config cfg = config::parseConfig(j, nprocOf(j, f.nproc));
+  // --print keeps standard output JSON: the notices go to standard error.
+  for (const auto& line : cfg.notices) std::fprintf(f.print ? stderr : stdout, "longtrain: %s\n", line.c_str());
   if (f.print) std::printf("%s\n", cfg.effective.c_str());
   else std::printf("config: %s is valid (--print shows it with every default)\n", f.config.c_str());
   return 0;

@@ -124,6 +124,8 @@ int runTrain(int argc, char** argv, const TrainFlags& fl) {
   const int nproc = nprocOf(j, fl.nproc);
   const int world = inRank ? comm::envInt("WORLD_SIZE", 1) : nproc * fl.nnodes;
   const config::Config cfg = config::parseConfig(j, world);
+  if (!inRank)  // once per node: the launcher's, or the only process's
+    for (const auto& line : cfg.notices) std::printf("longtrain: %s\n", line.c_str());
   const std::string resume = checkBeforeLaunch(cfg, fl, inRank, world, nproc);
   if (!inRank && (nproc > 1 || fl.maxRestarts > 0 || fl.nnodes > 1 || !fl.masterAddr.empty()))
     return launchRanks(argc, argv, fl, cfg, nproc);

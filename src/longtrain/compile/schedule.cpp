@@ -1,6 +1,8 @@
 // Schedule validation and consumption.
 #include "longtrain/compile/schedule.h"
 
+#include <algorithm>
+
 #include "longtrain/compile/passes.h"
 #include "longtrain/core/check.h"
 
@@ -27,6 +29,25 @@ std::optional<ScheduleEntry> Schedule::take(int64_t step) {
 
 std::vector<ScheduleEntry> defaultZero3Schedule() {
   return {{0, {"zero3"}}, {5, {"zero3", "prefetch", "selective_gather"}}};
+}
+
+std::vector<std::string> fixedPasses(const config::Config& cfg) {
+  std::vector<std::string> passes;
+  if (cfg.zero.stage == 3) passes.push_back("zero3");
+  passes.push_back("free_activations");
+  if (!cfg.train.offloadDir.empty()) passes.push_back("offload_activations");
+  return passes;
+}
+
+std::vector<ScheduleEntry> scheduleOf(const config::Config& cfg) {
+  std::vector<ScheduleEntry> entries = cfg.compile.schedule ? *cfg.compile.schedule
+                                       : cfg.zero.stage == 3 ? defaultZero3Schedule()
+                                                             : std::vector<ScheduleEntry>{{0, {"free_activations"}}};
+  const std::string offload = "offload_activations";
+  if (!cfg.train.offloadDir.empty())
+    for (auto& e : entries)
+      if (std::find(e.passes.begin(), e.passes.end(), offload) == e.passes.end()) e.passes.push_back(offload);
+  return entries;
 }
 
 }  // namespace lt::compile

@@ -30,4 +30,12 @@ class Schedule {
 // DeepSpeed's default ZeRO-3 schedule: [[0, ["zero3"]], [5, ["zero3", "prefetch", "selective_gather"]]].
 std::vector<ScheduleEntry> defaultZero3Schedule();
 
+// The passes of a run without DeepCompile: zero3 at stage 3, free_activations, and
+// offload_activations where train.offload_dir is set.
+std::vector<std::string> fixedPasses(const config::Config& cfg);
+// The schedule of a run with DeepCompile: compile.schedule, else DeepSpeed's default for the
+// stage; offload_activations joins every entry where train.offload_dir is set (validate()
+// refused the pass without the directory).
+std::vector<ScheduleEntry> scheduleOf(const config::Config& cfg);
+
 }  // namespace lt::compile

@@ -11,31 +11,47 @@
 #include <vector>
 
 #include "longtrain/config/model_config.h"
+#include "longtrain/config/options.h"
 #include "longtrain/config/parallel_layout.h"
 
 namespace lt::config {
 
 struct OptimizerConfig {
-  std::string type = "AdamW";  // "AdamW" | "Adam"
+  OptimizerType type = OptimizerType::AdamW;
+  // optimizer.params.adam_w_mode (DeepSpeed's, default true): "Adam" decays weights as AdamW
+  // does (decoupled); false adds the decay to the gradient (L2). "AdamW" always decouples.
+  bool adamWMode = true;
+  bool decoupledDecay() const { return type == OptimizerType::AdamW || adamWMode; }
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.01;
   bool decayEmbeddings = false;  // weight decay on the token embedding (matrices decay, norms never)
 };
 
 struct SchedulerConfig {
-  std::string type;  // "" (constant) | "WarmupLR" | "WarmupCosineLR"
+  SchedulerType type = SchedulerType::Constant;  // no scheduler section: the constant lr
   // WarmupLR
   double warmupMinLr = 0, warmupMaxLr = -1;  // -1: the optimizer's lr
   int64_t warmupNumSteps = 1000;
-  std::string warmupType = "log";  // "log" | "linear"
-  // WarmupCosineLR
+  WarmupType warmupType = WarmupType::Log;
+  // WarmupDecayLR (linear decay to 0) and WarmupCosineLR: the step the decay ends at
   int64_t totalNumSteps = 0;
+  // WarmupCosineLR
   double warmupMinRatio = 0, cosMinRatio = 1e-4;
 };
 
 struct OffloadConfig {
-  std::string device = "none";  // "none" | "cpu"
+  OffloadDevice device = OffloadDevice::None;
   bool superOffload = false;
   double ratio = 1.0, cpuadamCoresPerc = 0.8;
+};
+
+// Every precision key in one place: DeepSpeed's bf16 section (with longtrain's switches) and
+// communication_data_type. What the run resolves from them is in config::RunPlan.
+struct PrecisionConfig {
+  bool bf16 = false;           // bf16.enabled: GEMMs in bf16 with fp32 outputs; weights, gradients, Adam fp32
+  bool onlyIfFaster = true;    // bf16.only_if_faster (longtrain's): false runs bf16 even where it is slower
+  bool attention = true;       // bf16.attention (longtrain's): the fused attention's tile products too (AVX512_BF16)
+  bool gathers = true;         // bf16.gathers (longtrain's): ZeRO moves bf16 copies of GEMM-only weights
+  CommDtype communication = CommDtype::Fp32;  // communication_data_type: ZeRO's gradient reduce-scatters
 };
 
 struct ZeroConfig {
@@ -59,7 +75,7 @@ struct CompileConfig {
 };
 
 struct DataConfig {
-  std::string type = "kv_recall";  // "kv_recall" | "uint16" | "uint32" | "bytes"
+  DataType type = DataType::KvRecall;
   std::string path;
   // A SentencePiece model for the token file (its vocabulary is checked against the model's,
   // `generate` and train.sample_every decode with it, export copies it); "" : none, unless
@@ -67,13 +83,13 @@ struct DataConfig {
   std::string tokenizer;
   // "none": windows cut from the token stream as it is; "documents": the stream's EOS tokens
   // separate documents, and no token attends across a document boundary (positions restart).
-  std::string packing = "none";
+  Packing packing = Packing::None;
   int64_t eosId = -1;  // the separator for "documents": data.eos_id, else the tokenizer's EOS
   int64_t seqLen = 256, numSamples = 100000, evalSamples = 64;
   double evalFraction = 0;  // token files: the last fraction of windows is held out for evaluation
   int64_t kvPairs = 16, kvQueries = 32, kvKeys = 32, kvValues = 16, kvNoise = 16;
   bool kvFused = false;
-  bool tokenFile() const { return type != "kv_recall"; }
+  bool tokenFile() const { return type != DataType::KvRecall; }
 };
 
 struct CheckpointConfig {
@@ -81,7 +97,7 @@ struct CheckpointConfig {
   int64_t everySteps = 0;  // 0: never (except on request)
   int64_t keepLast = 0;    // complete checkpoints kept; 0: all
   bool async = false;      // copy the state, write it on a background thread (ckpt::AsyncSaver)
-  std::string onError = "stop";  // a failed save: "stop" every rank, or "warn" and train on
+  OnSaveError onError = OnSaveError::Stop;  // a failed save: stop every rank, or warn and train on
 };
 
 struct TrainSection {
@@ -96,10 +112,15 @@ struct TrainSection {
   // train.eval: at every evaluation (eval_every and the end) the loss by position over a token
   // file (what `longtrain eval --data` measures), on rank 0's copy of the weights; data "": none.
   struct LongEval {
-    std::string data, dtype, packing = "none";  // dtype "": the file's sidecar's
+    std::string data;
+    TokenDtype dtype = TokenDtype::FromSidecar;
+    Packing packing = Packing::None;
     int64_t seqLen = 0, windows = 4;
   } longEval;
   double commTimeoutS = 60;
+  // MFU's denominator per rank (FLOP/s); 0: the best start-up GEMM measurement recorded for this
+  // CPU and thread count (train/peak_record.h).
+  double peakFlops = 0;
   // Per-rank memory budget (bytes) for activation_checkpointing "auto"; 0: 90% of what the
   // rank may use (MemAvailable and the cgroup limit, shared among the local ranks).
   int64_t memoryBudget = 0;
@@ -120,20 +141,17 @@ struct Config {
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   double gradientClipping = 0;
-  bool bf16 = false;
-  bool bf16OnlyIfFaster = true;  // bf16.only_if_faster (longtrain's): false runs bf16 even where it is slower
-  bool bf16Gathers = true;       // bf16.gathers (longtrain's): ZeRO moves bf16 copies of GEMM-only weights
-  std::string communicationDataType = "fp32";  // DeepSpeed's: ZeRO's gradient reduce-scatters, "fp32" or "bf16"
+  PrecisionConfig precision;
   ZeroConfig zero;
   CompileConfig compile;
   int sequenceParallelSize = 1;
   // sequence_parallel_ring_degree (0: chosen from the head counts) and sequence_parallel_balance
   // ("auto": zigzag when the ring degree > 1, "contiguous", "zigzag").
   int sequenceParallelRingDegree = 0;
-  std::string sequenceParallelBalance = "auto";
+  SpBalance sequenceParallelBalance = SpBalance::Auto;
   // "auto": the memory model keeps as many blocks' graphs (no recompute) as fit
   // train.memory_budget; "all": every block is recomputed in backward; "none": none is.
-  std::string activationCheckpointing = "auto";
+  Recompute activationCheckpointing = Recompute::Auto;
   int64_t stepsPerPrint = 10;
   uint64_t seed = 1234;
   ModelConfig model;
@@ -147,6 +165,8 @@ struct Config {
   // Every key the parser read with the value it resolved to, defaults filled in (JSON):
   // `longtrain config CONFIG --print`.
   std::string effective;
+  // Lines the run prints once at start: DeepSpeed "auto" values and no-op keys (config/deepspeed_keys.h).
+  std::vector<std::string> notices;
 };
 
 }  // namespace lt::config

@@ -60,24 +60,23 @@ bool boolField(const json& j, const std::string& file, const char* key) {
   return it->get<bool>();
 }
 
-std::string modelTypeOf(const json& j, const std::string& file) {
+ModelType modelTypeOf(const json& j, const std::string& file) {
   const std::string type = j.value("model_type", std::string("llama"));
-  bool known = false;
-  for (const char* t : kModelTypes) known |= type == t;
-  LT_CHECK(known, "'", file, "': model_type \"", type, "\" is not supported; longtrain loads \"llama\", ",
+  const auto known = optionFromName<ModelType>(type);
+  LT_CHECK(known.has_value(), "'", file, "': model_type \"", type, "\" is not supported; longtrain loads \"llama\", ",
            "\"qwen2\", \"qwen3\" and \"mistral\"");
-  return type;
+  return *known;
 }
 
-void refuseUnimplemented(const json& j, const std::string& file, const std::string& type) {
+void refuseUnimplemented(const json& j, const std::string& file, ModelType type) {
   const std::string act = j.value("hidden_act", std::string("silu"));
   LT_CHECK(act == "silu", "'", file, "': hidden_act \"", act, "\" is not implemented (the SwiGLU MLP uses silu)");
   LT_CHECK(!boolField(j, file, "mlp_bias"), "'", file, "': mlp_bias = true is not implemented (no MLP biases)");
-  LT_CHECK(type != "mistral" || !boolField(j, file, "attention_bias"), "'", file,
+  LT_CHECK(type != ModelType::Mistral || !boolField(j, file, "attention_bias"), "'", file,
            "': attention_bias = true: Mistral's projections have no biases; remove the field");
-  if (type == "qwen2" || type == "qwen3")
+  if (type == ModelType::Qwen2 || type == ModelType::Qwen3)
     LT_CHECK(!boolField(j, file, "use_sliding_window"), "'", file, "': use_sliding_window = true is not ",
-             "implemented for ", type, " (its window covers only some layers: max_window_layers / layer_types); ",
+             "implemented for ", optionName(type), " (its window covers only some layers: max_window_layers / layer_types); ",
              "longtrain has Mistral's window on every layer");
   if (auto it = j.find("layer_types"); it != j.end() && it->is_array())
     for (const auto& t : *it)
@@ -98,9 +97,9 @@ void readVariant(const json& j, const std::string& file, ModelConfig& m) {
   m.modelType = modelTypeOf(j, file);
   refuseUnimplemented(j, file, m.modelType);
   m.headDimension = headDimOf(j, file, m);
-  m.attentionBias = m.modelType != "qwen2" && boolField(j, file, "attention_bias");
-  m.qkNorm = m.modelType == "qwen3";
-  if (m.modelType == "mistral") m.slidingWindow = intField(j, file, "sliding_window", 0, false);
+  m.attentionBias = m.modelType != ModelType::Qwen2 && boolField(j, file, "attention_bias");
+  m.qkNorm = m.modelType == ModelType::Qwen3;
+  if (m.modelType == ModelType::Mistral) m.slidingWindow = intField(j, file, "sliding_window", 0, false);
 }
 
 double scalingNumber(const json& j, const std::string& what, const char* key, double def) {
@@ -122,10 +121,10 @@ RopeScaling ropeScalingFromJson(const json& j, const std::string& what) {
   LT_CHECK(kind == "linear" || kind == "llama3" || kind == "yarn", what, ": rope_scaling type \"", kind,
            "\" is not implemented (longtrain has \"default\", \"linear\", \"llama3\" and \"yarn\"); the model ",
            "would compute other positions than it was trained on");
-  s.type = kind;
+  s.type = *optionFromName<RopeType>(kind);
   s.factor = scalingNumber(j, what, "factor", 0);
   LT_CHECK(s.factor > 0, what, ": rope_scaling type \"", kind, "\" needs \"factor\"");
-  if (kind == "llama3") {
+  if (s.type == RopeType::Llama3) {
     s.lowFreqFactor = scalingNumber(j, what, "low_freq_factor", 1);
     s.highFreqFactor = scalingNumber(j, what, "high_freq_factor", 4);
     s.originalMaxPositions = static_cast<int64_t>(scalingNumber(j, what, "original_max_position_embeddings", 0));
@@ -150,14 +149,14 @@ RopeScaling ropeScalingFromJson(const json& j, const std::string& what) {
 }
 
 json ropeScalingJson(const RopeScaling& s) {
-  if (s.type == "none") return nullptr;
-  json j{{"rope_type", s.type}, {"factor", s.factor}};
-  if (s.type == "llama3") {
+  if (s.type == RopeType::None) return nullptr;
+  json j{{"rope_type", optionName(s.type)}, {"factor", s.factor}};
+  if (s.type == RopeType::Llama3) {
     j["low_freq_factor"] = s.lowFreqFactor;
     j["high_freq_factor"] = s.highFreqFactor;
     j["original_max_position_embeddings"] = s.originalMaxPositions;
   }
-  if (s.type == "yarn") {
+  if (s.type == RopeType::Yarn) {
     j["original_max_position_embeddings"] = s.originalMaxPositions;
     j["beta_fast"] = s.betaFast;
     j["beta_slow"] = s.betaSlow;
@@ -201,23 +200,27 @@ HfLlamaConfig readHfLlamaConfig(const std::string& dir) {
 
 namespace {
 
-const char* architectureOf(const std::string& type) {
-  if (type == "qwen2") return "Qwen2ForCausalLM";
-  if (type == "qwen3") return "Qwen3ForCausalLM";
-  if (type == "mistral") return "MistralForCausalLM";
+const char* architectureOf(ModelType type) {
+  switch (type) {
+    case ModelType::Qwen2: return "Qwen2ForCausalLM";
+    case ModelType::Qwen3: return "Qwen3ForCausalLM";
+    case ModelType::Mistral: return "MistralForCausalLM";
+    case ModelType::Llama: break;
+  }
   return "LlamaForCausalLM";
 }
 
 // The fields that differ between the model types (their configuration classes' own).
 void writeVariant(const ModelConfig& m, json& j) {
-  if (m.modelType == "llama" || m.modelType == "qwen3") j["attention_bias"] = m.attentionBias;
-  if (m.modelType == "llama") j["mlp_bias"] = false;
-  if (m.modelType == "qwen2" || m.modelType == "qwen3") {
+  const ModelType t = m.modelType;
+  if (t == ModelType::Llama || t == ModelType::Qwen3) j["attention_bias"] = m.attentionBias;
+  if (t == ModelType::Llama) j["mlp_bias"] = false;
+  if (t == ModelType::Qwen2 || t == ModelType::Qwen3) {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = m.layers;
   }
-  if (m.modelType == "mistral") j["sliding_window"] = m.slidingWindow > 0 ? json(m.slidingWindow) : json(nullptr);
+  if (t == ModelType::Mistral) j["sliding_window"] = m.slidingWindow > 0 ? json(m.slidingWindow) : json(nullptr);
 }
 
 }  // namespace
@@ -225,7 +228,7 @@ void writeVariant(const ModelConfig& m, json& j) {
 json hfLlamaConfigJson(const HfLlamaConfig& c) {
   const ModelConfig& m = c.model;
   json j{{"architectures", {architectureOf(m.modelType)}},
-         {"model_type", m.modelType},
+         {"model_type", optionName(m.modelType)},
          {"torch_dtype", c.torchDtype.empty() ? "float32" : c.torchDtype},
          {"vocab_size", m.vocabSize},
          {"hidden_size", m.hidden},

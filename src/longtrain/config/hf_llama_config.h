@@ -49,7 +49,4 @@ inline constexpr HfKey kHfModelKeys[] = {
     {"sliding_window", "sliding_window"},
 };
 
-// The model types longtrain loads, and which of their fields it implements.
-inline constexpr const char* kModelTypes[] = {"llama", "qwen2", "qwen3", "mistral"};
-
 }  // namespace lt::config

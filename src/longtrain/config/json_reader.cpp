@@ -57,11 +57,17 @@ std::string JsonReader::pointerPath(const std::string& key) const {
 }
 
 int64_t JsonReader::getInt(const std::string& key, int64_t def, int64_t lo, int64_t hi) {
-  const json* v = find(key);
-  return recorded(key, v ? toInt(*v, key, lo, hi) : def);
+  return guarded(def, [&] {
+    const json* v = find(key);
+    return recorded(key, v ? toInt(*v, key, lo, hi) : def);
+  });
 }
 
 double JsonReader::getNum(const std::string& key, double def, double lo, double hi) {
+  return guarded(def, [&] { return readNum(key, def, lo, hi); });
+}
+
+double JsonReader::readNum(const std::string& key, double def, double lo, double hi) {
   const json* v = find(key);
   if (!v) return recorded(key, def);
   LT_CHECK(v->is_number(), name(key), " must be a number, got ", v->type_name(), " ", v->dump().substr(0, 80));
@@ -71,21 +77,29 @@ double JsonReader::getNum(const std::string& key, double def, double lo, double 
 }
 
 bool JsonReader::getBool(const std::string& key, bool def) {
-  const json* v = find(key);
-  if (!v) return recorded(key, def);
-  LT_CHECK(v->is_boolean(), name(key), " must be true or false, got ", v->type_name(), " ", v->dump().substr(0, 80));
-  return recorded(key, v->get<bool>());
+  return guarded(def, [&] {
+    const json* v = find(key);
+    if (!v) return recorded(key, def);
+    LT_CHECK(v->is_boolean(), name(key), " must be true or false, got ", v->type_name(), " ", v->dump().substr(0, 80));
+    return recorded(key, v->get<bool>());
+  });
 }
 
 std::string JsonReader::getString(const std::string& key, const std::string& def) {
-  const json* v = find(key);
-  if (!v) return recorded(key, def);
-  LT_CHECK(v->is_string(), name(key), " must be a string, got ", v->type_name(), " ", v->dump().substr(0, 80));
-  return recorded(key, v->get<std::string>());
+  return guarded(def, [&] {
+    const json* v = find(key);
+    if (!v) return recorded(key, def);
+    LT_CHECK(v->is_string(), name(key), " must be a string, got ", v->type_name(), " ", v->dump().substr(0, 80));
+    return recorded(key, v->get<std::string>());
+  });
 }
 
 std::string JsonReader::getEnum(const std::string& key, const std::string& def,
-                                std::initializer_list<const char*> choices) {
+                                const std::vector<const char*>& choices) {
+  return guarded(def, [&] { return readEnum(key, def, choices); });
+}
+
+std::string JsonReader::readEnum(const std::string& key, const std::string& def, const std::vector<const char*>& choices) {
   const std::string s = getString(key, def);
   std::string list;
   for (const char* c : choices) {
@@ -97,15 +111,24 @@ std::string JsonReader::getEnum(const std::string& key, const std::string& def,
 }
 
 int64_t JsonReader::getBytes(const std::string& key, int64_t def) {
-  const json* v = find(key);
-  if (!v) return recorded(key, def);
-  if (v->is_string()) return recorded(key, parseByteSize(v->get<std::string>(), name(key)));
-  return recorded(key, toInt(*v, key, 0, int64_t{1} << 60));
+  return guarded(def, [&] {
+    const json* v = find(key);
+    if (!v) return recorded(key, def);
+    if (v->is_string()) return recorded(key, parseByteSize(v->get<std::string>(), name(key)));
+    return recorded(key, toInt(*v, key, 0, int64_t{1} << 60));
+  });
 }
 
 JsonReader JsonReader::sub(const std::string& key) {
-  JsonReader r(find(key), keyPath(key), label_);
+  const json* v = find(key);
+  if (v && !v->is_object() && problems_) {  // reported; its keys read as absent, and recorded under it
+    problems_->add(name(key) + " must be an object, got " + v->type_name() + " " + v->dump().substr(0, 80));
+    v = nullptr;
+    if (record_) (*record_)[json::json_pointer("/" + pointerPath(key))] = json::object();
+  }
+  JsonReader r(v, keyPath(key), label_);
   r.record_ = record_;
+  r.problems_ = problems_;
   return r;
 }
 
@@ -146,8 +169,11 @@ void JsonReader::finish() const {
   for (auto it = j_->begin(); it != j_->end(); ++it) {
     if (std::find(known_.begin(), known_.end(), it.key()) != known_.end()) continue;
     const std::string best = closestName(it.key(), known_);
-    LT_CHECK(false, "unknown ", name(it.key()), best.empty() ? std::string() : "; did you mean '" + keyPath(best) + "'?",
-             " (see the README's configuration reference)");
+    const std::string message = "unknown " + name(it.key()) +
+                                (best.empty() ? std::string() : "; did you mean '" + keyPath(best) + "'?") +
+                                " (see the configuration reference)";
+    if (!problems_) throw Error(message);
+    problems_->add(message);
   }
 }
 

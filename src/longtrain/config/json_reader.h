@@ -7,11 +7,15 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "longtrain/config/options.h"
+#include "longtrain/config/problems.h"
 
 namespace lt::config {
 
@@ -23,13 +27,26 @@ class JsonReader {
   // Keeps, in `record`, every key read with the value it resolved to (given or default), at
   // its dotted path: the effective config `longtrain config --print` shows. Sub-readers share it.
   void recordInto(std::shared_ptr<nlohmann::json> record) { record_ = std::move(record); }
+  // Keeps each read's error in `problems` and gives the default instead, so one pass finds every
+  // problem (config/problems.h). Sub-readers share it. Without it, errors throw.
+  void collectInto(std::shared_ptr<Problems> problems) { problems_ = std::move(problems); }
 
   // Optional keys: absent or null gives `def`.
   int64_t getInt(const std::string& key, int64_t def, int64_t lo, int64_t hi);
   double getNum(const std::string& key, double def, double lo, double hi);
   bool getBool(const std::string& key, bool def);
   std::string getString(const std::string& key, const std::string& def);
-  std::string getEnum(const std::string& key, const std::string& def, std::initializer_list<const char*> choices);
+  std::string getEnum(const std::string& key, const std::string& def, const std::vector<const char*>& choices);
+  // One of an option enum's names (config/options.h), as its enum; `accepted` narrows the
+  // names a key takes (empty: all of them).
+  template <class E>
+  E getOption(const std::string& key, E def, std::initializer_list<E> accepted = {}) {
+    std::vector<const char*> names;
+    for (const auto& [value, n] : OptionNames<E>::kAll)
+      if (accepted.size() == 0 || std::find(accepted.begin(), accepted.end(), value) != accepted.end())
+        names.push_back(n);
+    return *optionFromName<E>(getEnum(key, optionName(def), names));  // getEnum gives a name of `names`
+  }
   // A byte count: a non-negative integer, or a string with a unit ("4GiB", "512MiB").
   int64_t getBytes(const std::string& key, int64_t def);
   JsonReader sub(const std::string& key);  // an optional object
@@ -51,13 +68,24 @@ class JsonReader {
 
  private:
   int64_t toInt(const nlohmann::json& v, const std::string& key, int64_t lo, int64_t hi) const;
+  double readNum(const std::string& key, double def, double lo, double hi);
+  std::string readEnum(const std::string& key, const std::string& def, const std::vector<const char*>& choices);
   template <class T>
   T recorded(const std::string& key, T value) {
     if (record_) (*record_)[nlohmann::json::json_pointer("/" + pointerPath(key))] = value;
     return value;
   }
   std::string pointerPath(const std::string& key) const;
+  // A read that throws: its error kept (collectInto) and `def` returned, or thrown.
+  template <class T, class F>
+  T guarded(T def, F&& read) {
+    if (!problems_) return read();
+    T out = def;
+    problems_->attempt([&] { out = read(); });
+    return out;
+  }
   std::shared_ptr<nlohmann::json> record_;
+  std::shared_ptr<Problems> problems_;
   const nlohmann::json* j_;
   std::string path_, label_;
   std::vector<std::string> known_;

@@ -6,7 +6,7 @@
 namespace lt::config {
 
 double RopeScaling::attentionScale() const {
-  if (type != "yarn") return 1;
+  if (type != RopeType::Yarn) return 1;
   if (attentionFactor > 0) return attentionFactor;
   const auto m = [&](double scale) { return factor <= 1 ? 1.0 : 0.1 * scale * std::log(factor) + 1.0; };
   return mscale > 0 && mscaleAllDim > 0 ? m(mscale) / m(mscaleAllDim) : m(1.0);

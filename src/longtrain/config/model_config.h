@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "longtrain/config/options.h"
+
 namespace lt::config {
 
 // Hugging Face's rope_scaling: "none" (plain RoPE), "linear" (every frequency / factor),
@@ -15,7 +17,7 @@ namespace lt::config {
 // kept, those under beta_slow divided by factor, a linear ramp between, and cos/sin scaled by
 // an attention factor).
 struct RopeScaling {
-  std::string type = "none";
+  RopeType type = RopeType::None;
   double factor = 1, lowFreqFactor = 1, highFreqFactor = 4;
   int64_t originalMaxPositions = 0;
   double betaFast = 32, betaSlow = 1;  // yarn
@@ -24,6 +26,15 @@ struct RopeScaling {
   bool truncate = true;                 // yarn: correction range rounded outwards to whole dims
   // The factor cos and sin are multiplied by: yarn's attention factor, else 1.
   double attentionScale() const;
+};
+
+// The model's kernel choices a run resolves at start from the config, the CPU and measurements
+// (config::RunPlan), and every rank agrees on.
+struct KernelChoices {
+  bool bf16Gemms = false;        // bf16.enabled resolved: projections, MLP, LM head in bf16, fp32 outputs
+  bool bf16Attention = false;    // bf16.attention resolved: the fused attention's tile products in bf16
+  bool oneDnnGemm = false;       // model.gemm resolved: fp32 GEMMs on oneDNN's sgemm
+  bool packedDocuments = false;  // data.packing "documents": attention stops at document boundaries
 };
 
 struct ModelConfig {
@@ -37,30 +48,22 @@ struct ModelConfig {
   int64_t maxPositions = 0;  // max_position_embeddings of init_from (0: unknown); recorded on export
   // The attention core: "fused" (kernels/fused_attention.h, the default), "chunked" or "naive";
   // the last two are the references the fused kernel is tested against.
-  std::string attention = "fused";
+  AttentionKernel attention = AttentionKernel::Fused;
   int64_t attentionChunk = 0;  // tile edge of "fused" and "chunked"; 0: theirs (128) / 256
   int64_t lossChunk = 0;       // 0: logits of the whole sequence at once; else tiles of this many tokens
   bool tiledMlp = false;       // MLP over ceil(S / hidden) sequence shards (DeepSpeed's TiledMLP)
   // Fused RMSNorm, SwiGLU and RoPE, q/k/v and gate/up each one GEMM; false: the ATen
   // composition, the reference the fused path is tested against. Parameters are the same.
   bool fusedKernels = true;
-  // Set by the engine, not parsed. GEMMs (projections, MLP, LM head) in bf16 with fp32
-  // outputs (bf16.enabled, when the CPU's bf16 GEMM is faster); the rest stays fp32.
-  bool bf16Compute = false;
-  // bf16.attention: under bf16Compute, the fused attention's tile products on bf16 operands too
-  // (where the CPU has AVX512_BF16); false keeps attention fp32.
-  bool bf16Attention = true;
   // fp32 GEMMs: "blas" (ATen's: OpenBLAS), "onednn" (oneDNN's sgemm, its kernel chosen from
   // cpuid) or "auto": whichever the engine measures faster on every rank at start-up.
-  std::string gemm = "auto";
-  bool oneDnnGemm = false;  // set by the engine from `gemm`, not parsed
-  // Set by the engine from data.packing "documents": attention is block-diagonal causal over
-  // the documents the position ids mark (they restart at 0 at each document's first token).
-  bool packedDocuments = false;
+  GemmChoice gemm = GemmChoice::Auto;
+  // What the run plan chose for the kernels (config::RunPlan::model); never parsed.
+  KernelChoices resolved;
 
   // Hugging Face's model_type: "llama", "qwen2", "qwen3" or "mistral". It sets the defaults of
   // the switches below and the config.json export writes; the block computes from the switches.
-  std::string modelType = "llama";
+  ModelType modelType = ModelType::Llama;
   int64_t headDimension = 0;   // head_dim; 0: hidden / heads
   bool attentionBias = false;  // attention_bias (Llama, Qwen3, Mistral): q, k, v and o biases
   bool qkNorm = false;         // Qwen3: RMSNorm over each head of q and k, before RoPE
@@ -69,8 +72,8 @@ struct ModelConfig {
   int64_t headDim() const { return headDimension > 0 ? headDimension : hidden / heads; }
   int64_t qDim() const { return heads * headDim(); }  // q_proj's outputs, o_proj's inputs
   // Qwen2 has q, k and v biases whatever attention_bias says, and never an o_proj bias.
-  bool qkvBias() const { return modelType == "qwen2" || attentionBias; }
-  bool oBias() const { return modelType != "qwen2" && attentionBias; }
+  bool qkvBias() const { return modelType == ModelType::Qwen2 || attentionBias; }
+  bool oBias() const { return modelType != ModelType::Qwen2 && attentionBias; }
   // Parameter counts, the one definition the model, the memory model and MFU use.
   int64_t blockParams() const;  // 2 norms, q/k/v/o (+ biases, q/k norms), SwiGLU's three matrices
   int64_t embedParams() const { return vocabSize * hidden; }

@@ -40,14 +40,12 @@ int chooseRing(int P, int64_t heads, int64_t kvHeads, int forcedRing) {
 }  // namespace
 
 ParallelLayout ParallelLayout::make(int world, int P, int64_t heads, int64_t kvHeads, int forcedRing,
-                                    const std::string& balance) {
+                                    SpBalance balance) {
   LT_CHECK(world >= 1 && P >= 1 && world % P == 0, "sequence_parallel_size=", P, " does not divide the world size ",
            world, "; choose a divisor of ", world);
   LT_CHECK(heads >= 1 && kvHeads >= 1 && heads % kvHeads == 0, "model.num_heads=", heads,
            " must be divisible by model.num_kv_heads=", kvHeads);
   LT_CHECK(forcedRing >= 0, "sequence_parallel_ring_degree=", forcedRing, " must be 0 (chosen) or positive");
-  LT_CHECK(balance == "auto" || balance == "contiguous" || balance == "zigzag", "sequence_parallel_balance=\"",
-           balance, "\" is not one of \"auto\", \"contiguous\", \"zigzag\"");
   ParallelLayout l;
   l.world = world;
   l.P = P;
@@ -55,7 +53,7 @@ ParallelLayout ParallelLayout::make(int world, int P, int64_t heads, int64_t kvH
   l.R = chooseRing(P, heads, kvHeads, forcedRing);
   l.U = P / l.R;
   // One rank holds everything: nothing to balance.
-  l.zigzag = P > 1 && (balance == "zigzag" || (balance == "auto" && l.R > 1));
+  l.zigzag = P > 1 && (balance == SpBalance::Zigzag || (balance == SpBalance::Auto && l.R > 1));
   return l;
 }
 

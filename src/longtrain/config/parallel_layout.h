@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "longtrain/config/options.h"
+
 namespace lt::config {
 
 struct ParallelLayout {
@@ -23,10 +25,10 @@ struct ParallelLayout {
   // Checks and splits (errors name the key, the value and the fix): P divides the world; U
   // is the largest divisor of P that the query heads allow (heads % U == 0) and the kv heads
   // allow or replicate (kvHeads % U == 0 or U % kvHeads == 0), R = P / U; forcedRing > 0
-  // (sequence_parallel_ring_degree) forces R. balance: "auto" (zigzag when R > 1),
-  // "contiguous" or "zigzag".
+  // (sequence_parallel_ring_degree) forces R. balance: Auto (zigzag when R > 1),
+  // Contiguous or Zigzag.
   static ParallelLayout make(int world, int P, int64_t heads, int64_t kvHeads, int forcedRing,
-                             const std::string& balance);
+                             SpBalance balance);
 
   int ringRankOf(int spRank) const { return spRank / U; }
   int ulyssesRankOf(int spRank) const { return spRank % U; }

@@ -11,7 +11,9 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <type_traits>
 
+#include "longtrain/config/deepspeed_keys.h"
 #include "longtrain/config/hf_llama_config.h"
 #include "longtrain/config/json_reader.h"
 #include "longtrain/config/json_text.h"
@@ -37,25 +39,20 @@ void parseTopLevel(JsonReader& r, Config& c) {
   c.sequenceParallelSize = static_cast<int>(r.getInt("sequence_parallel_size", c.sequenceParallelSize, 1, 1 << 20));
   c.sequenceParallelRingDegree =
       static_cast<int>(r.getInt("sequence_parallel_ring_degree", c.sequenceParallelRingDegree, 0, 1 << 20));
-  c.sequenceParallelBalance =
-      r.getEnum("sequence_parallel_balance", c.sequenceParallelBalance, {"auto", "contiguous", "zigzag"});
-  if (const auto* ac = r.find("activation_checkpointing"))
-    LT_CHECK(!ac->is_object(), "config key 'activation_checkpointing' is DeepSpeed's object here (", ac->dump(),
-             "), which longtrain does not read: it takes \"auto\" (recompute only what the memory budget needs), ",
-             "\"all\" or \"none\"; DeepSpeed's cpu_checkpointing corresponds to train.offload_dir (kept block inputs ",
-             "to disk), and partition_activations to sequence_parallel_size (activations are sharded by sequence)");
-  c.activationCheckpointing = r.getEnum("activation_checkpointing", c.activationCheckpointing, {"auto", "all", "none"});
+  c.sequenceParallelBalance = r.getOption("sequence_parallel_balance", c.sequenceParallelBalance);
+  c.activationCheckpointing = r.getOption("activation_checkpointing", c.activationCheckpointing);
   const auto* commType = r.find("communication_data_type");
   LT_CHECK(!commType || *commType != "fp16",
            "config key 'communication_data_type' = \"fp16\": fp16 is not implemented in this CPU build; use \"bf16\" ",
            "(gradients sent as bf16, summed in fp32) or \"fp32\"");
-  c.communicationDataType = r.getEnum("communication_data_type", c.communicationDataType, {"fp32", "bf16"});
+  c.precision.communication = r.getOption("communication_data_type", c.precision.communication);
 }
 
 OptimizerConfig parseOptimizer(JsonReader o) {
   OptimizerConfig c;
-  c.type = o.getEnum("type", c.type, {"AdamW", "Adam"});
+  c.type = o.getOption("type", c.type);
   JsonReader p = o.sub("params");
+  c.adamWMode = p.getBool("adam_w_mode", c.adamWMode);
   c.lr = p.getNum("lr", c.lr, 0, 1e3);
   if (const json* b = p.find("betas")) {
     LT_CHECK(b->is_array() && b->size() == 2 && (*b)[0].is_number() && (*b)[1].is_number(), p.name("betas"),
@@ -76,20 +73,23 @@ OptimizerConfig parseOptimizer(JsonReader o) {
 SchedulerConfig parseScheduler(JsonReader s, bool present) {
   SchedulerConfig c;
   if (!present) return c;
-  c.type = s.getEnum("type", "WarmupLR", {"WarmupLR", "WarmupCosineLR"});
+  c.type = s.getOption("type", SchedulerType::WarmupLR,
+                        {SchedulerType::WarmupLR, SchedulerType::WarmupDecayLR, SchedulerType::WarmupCosineLR});
   JsonReader p = s.sub("params");
-  if (c.type == "WarmupLR") {
+  if (c.type != SchedulerType::WarmupCosineLR) {
     c.warmupMinLr = p.getNum("warmup_min_lr", c.warmupMinLr, 0, 1e3);
     c.warmupMaxLr = p.getNum("warmup_max_lr", c.warmupMaxLr, 0, 1e3);
   } else {
-    LT_CHECK(p.has("total_num_steps"), p.name("total_num_steps"), " is required by WarmupCosineLR (the step at ",
-             "which the cosine reaches cos_min_ratio)");
-    c.totalNumSteps = p.getInt("total_num_steps", c.totalNumSteps, 1, kBig);
     c.warmupMinRatio = p.getNum("warmup_min_ratio", c.warmupMinRatio, 0, 1);
     c.cosMinRatio = p.getNum("cos_min_ratio", c.cosMinRatio, 0, 1);
   }
+  if (c.type != SchedulerType::WarmupLR) {
+    LT_CHECK(p.has("total_num_steps"), p.name("total_num_steps"), " is required by ", c.type, " (the step at ",
+             "which the decay ends)");
+    c.totalNumSteps = p.getInt("total_num_steps", c.totalNumSteps, 1, kBig);
+  }
   c.warmupNumSteps = p.getInt("warmup_num_steps", c.warmupNumSteps, 1, kBig);
-  c.warmupType = p.getEnum("warmup_type", c.warmupType, {"log", "linear"});
+  c.warmupType = p.getOption("warmup_type", c.warmupType);
   p.finish();
   s.finish();
   return c;
@@ -97,10 +97,11 @@ SchedulerConfig parseScheduler(JsonReader s, bool present) {
 
 void parsePrecision(JsonReader& root, Config& c) {
   JsonReader b = root.sub("bf16");
-  c.bf16 = b.getBool("enabled", c.bf16);
-  c.bf16OnlyIfFaster = b.getBool("only_if_faster", c.bf16OnlyIfFaster);
-  c.model.bf16Attention = b.getBool("attention", c.model.bf16Attention);
-  c.bf16Gathers = b.getBool("gathers", c.bf16Gathers);
+  PrecisionConfig& p = c.precision;
+  p.bf16 = b.getBool("enabled", p.bf16);
+  p.onlyIfFaster = b.getBool("only_if_faster", p.onlyIfFaster);
+  p.attention = b.getBool("attention", p.attention);
+  p.gathers = b.getBool("gathers", p.gathers);
   b.finish();
   JsonReader h = root.sub("fp16");
   LT_CHECK(!h.getBool("enabled", false), h.name("enabled"), " = true: fp16 with loss scaling is not implemented in ",
@@ -126,7 +127,7 @@ ZeroConfig parseZero(JsonReader z) {
   c.paramPersistenceThreshold = z.getInt("stage3_param_persistence_threshold", c.paramPersistenceThreshold, 0, kBig);
   c.maxLiveParameters = z.getInt("stage3_max_live_parameters", c.maxLiveParameters, 0, kBig);
   JsonReader off = z.sub("offload_optimizer");
-  c.offloadOptimizer.device = off.getEnum("device", c.offloadOptimizer.device, {"none", "cpu"});
+  c.offloadOptimizer.device = off.getOption("device", c.offloadOptimizer.device);
   c.offloadOptimizer.superOffload = off.getBool("super_offload", c.offloadOptimizer.superOffload);
   c.offloadOptimizer.ratio = off.getNum("ratio", c.offloadOptimizer.ratio, 0, 1);
   c.offloadOptimizer.cpuadamCoresPerc = off.getNum("cpuadam_cores_perc", c.offloadOptimizer.cpuadamCoresPerc, 0, 1);
@@ -156,6 +157,14 @@ CompileConfig parseCompile(JsonReader r) {
   return c;
 }
 
+template <class T>
+std::string shown(T value) {
+  if constexpr (std::is_enum_v<T>)
+    return json(optionName(value)).dump();
+  else
+    return json(value).dump();
+}
+
 // The model's architecture keys, read over the Hugging Face config.json of model.init_from when
 // it is given: a key given in both must agree, a key given only there is taken from it.
 struct ModelKeys {
@@ -168,7 +177,7 @@ struct ModelKeys {
     const char* field = key;
     for (const auto& k : kHfModelKeys)
       if (std::string(k.ours) == key) field = k.theirs;
-    LT_CHECK(false, m.name(key), " = ", json(parsed).dump(), " disagrees with ", field, " = ", json(theirs).dump(),
+    LT_CHECK(false, m.name(key), " = ", shown(parsed), " disagrees with ", field, " = ", shown(theirs),
              " in '", hfFile, "' (model.init_from); remove the key or make them agree");
     return parsed;
   }
@@ -185,11 +194,10 @@ struct ModelKeys {
 void parseVariant(ModelKeys& k, ModelConfig& mc, const ModelConfig& theirs) {
   JsonReader& m = k.m;
   const bool hf = k.hf != nullptr;
-  mc.modelType = k.agree("model_type", m.getEnum("model_type", theirs.modelType, {"llama", "qwen2", "qwen3", "mistral"}),
-                         theirs.modelType);
+  mc.modelType = k.agree("model_type", m.getOption("model_type", theirs.modelType), theirs.modelType);
   mc.headDimension = k.integer("head_dim", 0, theirs.headDimension, 0, 1 << 20);
   mc.attentionBias = k.agree("attention_bias", m.getBool("attention_bias", theirs.attentionBias), theirs.attentionBias);
-  mc.qkNorm = k.agree("qk_norm", m.getBool("qk_norm", hf ? theirs.qkNorm : mc.modelType == "qwen3"), theirs.qkNorm);
+  mc.qkNorm = k.agree("qk_norm", m.getBool("qk_norm", hf ? theirs.qkNorm : mc.modelType == ModelType::Qwen3), theirs.qkNorm);
   mc.slidingWindow = k.integer("sliding_window", 0, theirs.slidingWindow, 0, kBig);
 }
 
@@ -221,22 +229,22 @@ ModelConfig parseModel(JsonReader m) {
   if (!mc.initFrom.empty()) hf = readHfLlamaConfig(mc.initFrom);
   parseArchitecture(m, mc, hf);
   mc.initStd = m.getNum("init_std", mc.initStd, 0, 10);
-  mc.attention = m.getEnum("attention", mc.attention, {"fused", "chunked", "naive"});
+  mc.attention = m.getOption("attention", mc.attention);
   mc.attentionChunk = m.getInt("attention_chunk", mc.attentionChunk, 0, kBig);
   mc.lossChunk = m.getInt("loss_chunk", mc.lossChunk, 0, kBig);
   mc.tiledMlp = m.getBool("tiled_mlp", mc.tiledMlp);
   mc.fusedKernels = m.getBool("fused_kernels", mc.fusedKernels);
-  mc.gemm = m.getEnum("gemm", mc.gemm, {"auto", "blas", "onednn"});
+  mc.gemm = m.getOption("gemm", mc.gemm);
   m.finish();
   return mc;
 }
 
 DataConfig parseData(JsonReader d, const ModelConfig& model) {
   DataConfig c;
-  c.type = d.getEnum("type", c.type, {"kv_recall", "uint16", "uint32", "bytes"});
+  c.type = d.getOption("type", c.type);
   c.path = d.getString("path", c.path);
   c.tokenizer = d.getString("tokenizer", c.tokenizer);
-  c.packing = d.getEnum("packing", c.packing, {"none", "documents"});
+  c.packing = d.getOption("packing", c.packing);
   c.eosId = d.getInt("eos_id", c.eosId, -1, kBig);
   c.seqLen = d.getInt("seq_len", c.seqLen, 2, kBig);
   c.numSamples = d.getInt("num_samples", c.numSamples, 1, kBig);
@@ -267,7 +275,7 @@ CheckpointConfig parseCheckpoint(JsonReader k) {
   c.everySteps = k.getInt("every_steps", c.everySteps, 0, kBig);
   c.keepLast = k.getInt("keep_last", c.keepLast, 0, kBig);
   c.async = k.getBool("async", c.async);
-  c.onError = k.getEnum("on_error", c.onError, {"stop", "warn"});
+  c.onError = k.getOption("on_error", c.onError);
   k.finish();
   return c;
 }
@@ -282,6 +290,7 @@ TrainSection parseTrain(JsonReader t) {
   c.sampleTokens = t.getInt("sample_tokens", c.sampleTokens, 1, 1 << 20);
   c.samplePrompt = t.getString("sample_prompt", c.samplePrompt);
   c.commTimeoutS = t.getNum("comm_timeout_s", c.commTimeoutS, 0.1, 1e6);
+  c.peakFlops = t.getNum("peak_flops", c.peakFlops, 0, 1e18);
   c.memoryBudget = t.getBytes("memory_budget", c.memoryBudget);
   c.memoryPreflight = t.getBool("memory_preflight", c.memoryPreflight);
   c.offloadDir = t.getString("offload_dir", c.offloadDir);
@@ -290,8 +299,8 @@ TrainSection parseTrain(JsonReader t) {
   c.longEval.data = le.getString("data", c.longEval.data);
   c.longEval.seqLen = le.getInt("seq_len", c.longEval.seqLen, 0, kBig);
   c.longEval.windows = le.getInt("windows", c.longEval.windows, 1, kBig);
-  c.longEval.dtype = le.getEnum("dtype", c.longEval.dtype, {"", "uint16", "uint32"});
-  c.longEval.packing = le.getEnum("packing", c.longEval.packing, {"none", "documents"});
+  c.longEval.dtype = le.getOption("dtype", c.longEval.dtype);
+  c.longEval.packing = le.getOption("packing", c.longEval.packing);
   le.finish();
   t.finish();
   return c;
@@ -311,8 +320,8 @@ std::string effectiveSource(json j, const ModelConfig& mc) {
   m["rope_theta"] = mc.ropeTheta;
   m["rms_norm_eps"] = mc.normEps;
   m["tie_word_embeddings"] = mc.tieEmbeddings;
-  if (mc.ropeScaling.type != "none") m["rope_scaling"] = ropeScalingJson(mc.ropeScaling);
-  if (mc.modelType != "llama") m["model_type"] = mc.modelType;  // the variant's keys, where not Llama's defaults
+  if (mc.ropeScaling.type != RopeType::None) m["rope_scaling"] = ropeScalingJson(mc.ropeScaling);
+  if (mc.modelType != ModelType::Llama) m["model_type"] = optionName(mc.modelType);  // the variant's keys, where not Llama's defaults
   if (mc.headDimension > 0) m["head_dim"] = mc.headDimension;
   if (mc.attentionBias) m["attention_bias"] = true;
   if (mc.qkNorm) m["qk_norm"] = true;
@@ -322,23 +331,39 @@ std::string effectiveSource(json j, const ModelConfig& mc) {
 
 }  // namespace
 
-Config parseConfig(const json& j, int world) {
-  LT_CHECK(j.is_object(), "the config must be a JSON object, got ", j.type_name());
+namespace {
+
+// Every section, each read to its end however many of its keys are wrong: the problems of all
+// of them are reported together.
+Config parseSections(JsonReader& root, Problems& problems) {
   Config c;
+  problems.attempt([&] { parseTopLevel(root, c); });
+  problems.attempt([&] { c.optimizer = parseOptimizer(root.sub("optimizer")); });
+  problems.attempt([&] { c.scheduler = parseScheduler(root.sub("scheduler"), root.has("scheduler")); });
+  problems.attempt([&] { c.zero = parseZero(root.sub("zero_optimization")); });
+  problems.attempt([&] { c.compile = parseCompile(root.sub("compile")); });
+  problems.attempt([&] { c.model = parseModel(root.sub("model")); });
+  problems.attempt([&] { parsePrecision(root, c); });
+  problems.attempt([&] { c.data = parseData(root.sub("data"), c.model); });
+  problems.attempt([&] { c.train = parseTrain(root.sub("train")); });
+  root.finish();
+  return c;
+}
+
+}  // namespace
+
+Config parseConfig(const json& given, int world) {
+  LT_CHECK(given.is_object(), "the config must be a JSON object, got ", given.type_name());
+  auto problems = std::make_shared<Problems>();
+  json j = given;
+  const PortNotes port = settleDeepSpeedKeys(j, *problems);
   JsonReader root(&j, "");
   auto effective = std::make_shared<json>(json::object());
   root.recordInto(effective);
-  parseTopLevel(root, c);
-  c.optimizer = parseOptimizer(root.sub("optimizer"));
-  c.scheduler = parseScheduler(root.sub("scheduler"), root.has("scheduler"));
-  c.zero = parseZero(root.sub("zero_optimization"));
-  c.compile = parseCompile(root.sub("compile"));
-  c.model = parseModel(root.sub("model"));
-  parsePrecision(root, c);  // after the model: bf16.attention is a model setting
-  c.data = parseData(root.sub("data"), c.model);
-  c.train = parseTrain(root.sub("train"));
-  root.finish();
-  c.source = effectiveSource(j, c.model);
+  root.collectInto(problems);
+  Config c = parseSections(root, *problems);
+  problems->throwIfAny();
+  c.source = effectiveSource(given, c.model);
   // What parsing resolved after the reads: the tokenizer and EOS from init_from or the sidecar.
   (*effective)["data"]["tokenizer"] = c.data.tokenizer;
   (*effective)["data"]["eos_id"] = c.data.eosId;
@@ -348,6 +373,7 @@ Config parseConfig(const json& j, int world) {
   (*effective)["train_micro_batch_size_per_gpu"] = c.microBatch;
   (*effective)["gradient_accumulation_steps"] = c.gradAccum;
   c.effective = effective->dump(2);
+  c.notices = portNotices(port, *effective);
   return c;
 }
 

@@ -15,9 +15,7 @@
 namespace lt::config {
 
 struct RunPlan {
-  bool oneDnnGemm = false;       // model.gemm resolved: fp32 GEMMs on oneDNN's sgemm
-  bool bf16Compute = false;      // bf16.enabled resolved: the GEMMs run in bf16
-  bool packedDocuments = false;  // data.packing "documents": attention stops at document boundaries
+  KernelChoices kernels;  // GEMM route, bf16 GEMMs and attention, document packing
   int graphBlocks = 0;           // activation_checkpointing resolved: the last k blocks keep their graph
   int64_t memoryBudget = 0;      // this rank's bytes, what "auto" chose against (not compared)
 

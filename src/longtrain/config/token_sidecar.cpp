@@ -65,7 +65,7 @@ void applyTokenSidecar(DataConfig& d) {
   if (!d.tokenFile() || d.path.empty()) return;
   const std::optional<TokenSidecar> s = readTokenSidecar(d.path);
   if (!s) return;
-  LT_CHECK(d.type == s->dtype, "config key 'data.type' = \"", d.type, "\", but '", tokenSidecarPath(d.path),
+  LT_CHECK(optionName(d.type) == s->dtype, "config key 'data.type' = \"", d.type, "\", but '", tokenSidecarPath(d.path),
            "' says '", d.path, "' holds ", s->dtype, " tokens (written by longtrain tokenize); set data.type=\"",
            s->dtype, "\"");
   if (d.eosId < 0) d.eosId = s->eosId;

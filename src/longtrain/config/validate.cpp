@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "longtrain/config/problems.h"
 #include "longtrain/config/token_sidecar.h"
 #include "longtrain/core/check.h"
 
@@ -52,15 +53,15 @@ void resolveBatch(Config& c) {
 // Each variant switch only where Hugging Face's class of model.model_type has it, so that every
 // model trained can be exported as that type.
 void checkVariant(const ModelConfig& m) {
-  LT_CHECK(m.qkNorm == (m.modelType == "qwen3"), "model.qk_norm=", m.qkNorm ? "true" : "false",
+  LT_CHECK(m.qkNorm == (m.modelType == ModelType::Qwen3), "model.qk_norm=", m.qkNorm ? "true" : "false",
            " with model.model_type=\"", m.modelType, "\": Qwen3 (and only Qwen3) has q/k norms; set model_type ",
            "\"qwen3\" or remove qk_norm");
-  LT_CHECK(m.slidingWindow == 0 || m.modelType == "mistral", "model.sliding_window=", m.slidingWindow,
+  LT_CHECK(m.slidingWindow == 0 || m.modelType == ModelType::Mistral, "model.sliding_window=", m.slidingWindow,
            " needs model.model_type=\"mistral\" (", m.modelType, "'s sliding window, where it has one, covers ",
            "only some layers, which is not implemented)");
-  LT_CHECK(!m.attentionBias || m.modelType == "llama" || m.modelType == "qwen3", "model.attention_bias=true with ",
+  LT_CHECK(!m.attentionBias || m.modelType == ModelType::Llama || m.modelType == ModelType::Qwen3, "model.attention_bias=true with ",
            "model.model_type=\"", m.modelType, "\": ",
-           m.modelType == "qwen2" ? "Qwen2 always has q/k/v biases and no o_proj bias; remove the key"
+           m.modelType == ModelType::Qwen2 ? "Qwen2 always has q/k/v biases and no o_proj bias; remove the key"
                                   : "Mistral has no biases; remove the key");
 }
 
@@ -76,13 +77,11 @@ void checkModel(const ModelConfig& m) {
 
 void checkZero(const Config& c) {
   const ZeroConfig& z = c.zero;
-  LT_CHECK(c.communicationDataType == "fp32" || z.stage >= 1, "config key 'communication_data_type' = \"",
-           c.communicationDataType, "\" applies to ZeRO's gradient reduce-scatters (zero_optimization.stage 1, 2 ",
+  LT_CHECK(c.precision.communication == CommDtype::Fp32 || z.stage >= 1, "config key 'communication_data_type' = \"",
+           c.precision.communication, "\" applies to ZeRO's gradient reduce-scatters (zero_optimization.stage 1, 2 ",
            "or 3); stage 0 all-reduces in fp32: raise the stage or remove the key");
   const auto& off = z.offloadOptimizer;
-  LT_CHECK(off.device == "none" || z.stage >= 1, "config key 'zero_optimization.offload_optimizer.device' = \"",
-           off.device, "\" needs zero_optimization.stage 1, 2 or 3");
-  LT_CHECK(!off.superOffload || off.device == "cpu", "config key 'zero_optimization.offload_optimizer.",
+  LT_CHECK(!off.superOffload || off.device == OffloadDevice::Cpu, "config key 'zero_optimization.offload_optimizer.",
            "super_offload' = true needs offload_optimizer.device=\"cpu\"");
 }
 
@@ -107,12 +106,12 @@ void checkData(const Config& c) {
   const DataConfig& d = c.data;
   LT_CHECK(!d.tokenFile() || !d.path.empty(), "config key 'data.path' is required when data.type=\"", d.type,
            "\" (a file of tokens)");
-  LT_CHECK(d.packing == "none" || d.tokenFile(), "config key 'data.packing' = \"", d.packing,
+  LT_CHECK(d.packing == Packing::None || d.tokenFile(), "config key 'data.packing' = \"", d.packing,
            "\" needs a token file (data.type uint16, uint32 or bytes): kv_recall samples are one document each");
-  LT_CHECK(d.packing == "none" || d.eosId >= 0 || !d.tokenizer.empty(), "data.packing=\"documents\" needs the EOS id ",
+  LT_CHECK(d.packing == Packing::None || d.eosId >= 0 || !d.tokenizer.empty(), "data.packing=\"documents\" needs the EOS id ",
            "that separates documents: set data.tokenizer (its EOS is taken) or data.eos_id, or write the token file ",
            "with longtrain tokenize, whose sidecar (data.path + \".json\") names it");
-  LT_CHECK(d.type != "bytes" || c.model.vocabSize >= 256, "data.type=\"bytes\" needs model.vocab_size >= 256, got ",
+  LT_CHECK(d.type != DataType::Bytes || c.model.vocabSize >= 256, "data.type=\"bytes\" needs model.vocab_size >= 256, got ",
            c.model.vocabSize);
   LT_CHECK(d.tokenFile() || kvRecallVocabNeeded(d) <= c.model.vocabSize, "model.vocab_size=", c.model.vocabSize,
            " is smaller than the kv_recall task needs (", kvRecallVocabNeeded(d), " = 2 + num_keys + num_values + ",
@@ -130,9 +129,9 @@ void checkLongEval(const Config& c) {
            "written by longtrain tokenize");
   LT_CHECK(e.seqLen >= 2, "config key 'train.eval.seq_len' is required with train.eval.data (the window length)");
   const auto side = readTokenSidecar(e.data);
-  LT_CHECK(!e.dtype.empty() || side, "train.eval.data '", e.data, "' has no sidecar (", tokenSidecarPath(e.data),
+  LT_CHECK(e.dtype != TokenDtype::FromSidecar || side, "train.eval.data '", e.data, "' has no sidecar (", tokenSidecarPath(e.data),
            "); set train.eval.dtype (uint16 or uint32), or write the file with longtrain tokenize");
-  LT_CHECK(e.packing == "none" || (side && side->eosId >= 0) || c.data.eosId >= 0, "train.eval.packing ",
+  LT_CHECK(e.packing == Packing::None || (side && side->eosId >= 0) || c.data.eosId >= 0, "train.eval.packing ",
            "\"documents\" needs the EOS id: from the file's sidecar, or data.eos_id");
 }
 
@@ -161,7 +160,7 @@ void checkProductsFit(const Config& c) {
                                 {"model.num_layers", c.model.layers}}},
       {"embedding weights", {{"model.vocab_size", c.model.vocabSize}, {"model.hidden_size", c.model.hidden}}}};
   // Only naive attention holds a micro-batch's scores at once; fused and chunked attention tile them.
-  if (c.model.attention == "naive")
+  if (c.model.attention == AttentionKernel::Naive)
     all.push_back({"attention scores of one micro-batch",
                    {{"data.seq_len", c.data.seqLen}, {"data.seq_len", c.data.seqLen}, {"model.num_heads", c.model.heads},
                     {"train_micro_batch_size_per_gpu", c.microBatch}}});
@@ -199,14 +198,18 @@ ParallelLayout layoutOf(const Config& c, int world) {
 }
 
 void validate(Config& c, int world) {
-  checkModel(c.model);
-  c.layout = layoutOf(c, world);
-  resolveBatch(c);
-  checkZero(c);
-  checkSchedule(c);
-  checkData(c);
-  checkTrain(c);
-  checkProductsFit(c);
+  Problems problems;  // every concern's first problem, reported together
+  problems.attempt([&] { checkModel(c.model); });
+  const bool laidOut = problems.attempt([&] {
+    c.layout = layoutOf(c, world);
+    resolveBatch(c);
+  });
+  problems.attempt([&] { checkZero(c); });
+  problems.attempt([&] { checkSchedule(c); });
+  problems.attempt([&] { checkData(c); });
+  problems.attempt([&] { checkTrain(c); });
+  if (laidOut) problems.attempt([&] { checkProductsFit(c); });  // it multiplies the resolved batch
+  problems.throwIfAny();
 }
 
 }  // namespace lt::config

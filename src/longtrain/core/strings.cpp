@@ -27,7 +27,10 @@ std::string closestName(const std::string& name, const std::vector<std::string>&
   size_t bestD = SIZE_MAX;
   for (const auto& c : candidates)
     if (size_t d = editDistance(name, c); d < bestD) bestD = d, best = c;
-  return best;
+  // Only a near miss or a cut-short name: a real key of another meaning is not offered for a
+  // misspelling.
+  const bool prefix = name.size() >= 4 && best.rfind(name, 0) == 0;
+  return bestD <= std::max<size_t>(2, name.size() / 4) || prefix ? best : std::string();
 }
 
 std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }

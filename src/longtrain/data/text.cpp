@@ -9,20 +9,6 @@
 
 namespace lt::data {
 
-std::vector<int64_t> parseTokenIds(const std::string& text, const std::string& flag) {
-  std::vector<int64_t> ids;
-  std::stringstream ss(text);
-  std::string part;
-  while (std::getline(ss, part, ',')) {
-    char* end = nullptr;
-    const long long v = std::strtoll(part.c_str(), &end, 10);
-    LT_CHECK(!part.empty() && end && *end == '\0', flag, " '", text, "': '", part, "' is not a token id ",
-             "(give comma-separated integers, e.g. 1,15,27)");
-    ids.push_back(v);
-  }
-  return ids;
-}
-
 std::string unescapeSeparator(const std::string& s, const std::string& flag) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {

@@ -11,9 +11,6 @@
 
 namespace lt::data {
 
-// "1,15,27" -> {1, 15, 27}; anything else is an lt::Error naming `flag` and the bad part.
-std::vector<int64_t> parseTokenIds(const std::string& text, const std::string& flag);
-
 // A separator as typed ('%\n'): \n, \t, \r and \\ are escapes; others are an error naming `flag`.
 std::string unescapeSeparator(const std::string& s, const std::string& flag);
 

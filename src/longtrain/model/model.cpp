@@ -45,10 +45,11 @@ at::Tensor yarnInverseFrequencies(const at::Tensor& inv, int64_t headDim, double
 at::Tensor ropeInverseFrequencies(int64_t headDim, double theta, const RopeScaling& sc, at::ScalarType dtype) {
   const int64_t half = headDim / 2;
   auto inv = at::pow(theta, at::arange(0, half, at::TensorOptions().dtype(dtype)) * (-2.0 / static_cast<double>(headDim)));
-  if (sc.type == "none") return inv;
-  if (sc.type == "linear") return inv / sc.factor;
-  if (sc.type == "yarn") return yarnInverseFrequencies(inv, headDim, theta, sc).to(dtype);
-  LT_CHECK(sc.type == "llama3", "rope_scaling type \"", sc.type, "\" is not implemented");
+  using config::RopeType;
+  if (sc.type == RopeType::None) return inv;
+  if (sc.type == RopeType::Linear) return inv / sc.factor;
+  if (sc.type == RopeType::Yarn) return yarnInverseFrequencies(inv, headDim, theta, sc).to(dtype);
+  LT_CHECK(sc.type == RopeType::Llama3, "rope_scaling type \"", sc.type, "\" is not implemented");
   // Wavelengths beyond old / low_freq_factor are slowed by `factor`, those below old /
   // high_freq_factor kept, and the band between blends the two by its position in the band.
   auto f = inv.to(at::kDouble);
@@ -96,27 +97,28 @@ at::Tensor slidingWindowAttention(const at::Tensor& q, const at::Tensor& k, cons
 }
 
 GemmRoute gemmRoute(const ModelConfig& c) {
-  return c.bf16Compute ? GemmRoute::Bf16 : c.oneDnnGemm ? GemmRoute::OneDnn : GemmRoute::Blas;
+  return c.resolved.bf16Gemms ? GemmRoute::Bf16 : c.resolved.oneDnnGemm ? GemmRoute::OneDnn : GemmRoute::Blas;
 }
 
 
 bool attentionInBf16(const ModelConfig& c) {
   // AVX512_BF16 implies the AVX-512 build, the one FusedAttentionOptions' default isa picks there.
-  return c.bf16Attention && c.attention == "fused" && gemmRoute(c) == GemmRoute::Bf16 && fusedAttentionBf16Supported();
+  return c.resolved.bf16Attention && c.attention == config::AttentionKernel::Fused && gemmRoute(c) == GemmRoute::Bf16 &&
+         fusedAttentionBf16Supported();
 }
 
 AttentionFn attentionCore(const ModelConfig& cfg) {
   const int64_t tile = cfg.attentionChunk, window = cfg.slidingWindow;
-  if (cfg.attention == "naive")
+  if (cfg.attention == config::AttentionKernel::Naive)
     return [window](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pos) {
       return slidingWindowAttention(q, k, v, pos, window);
     };
-  if (cfg.attention == "chunked")
+  if (cfg.attention == config::AttentionKernel::Chunked)
     return [chunk = tile > 0 ? tile : 256, window](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                    const at::Tensor& pos) {
       return chunkedAttention(q, k, v, chunk, pos, window);
     };
-  LT_CHECK(cfg.attention == "fused", "model.attention=\"", cfg.attention,
+  LT_CHECK(cfg.attention == config::AttentionKernel::Fused, "model.attention=\"", cfg.attention,
            "\" is not one of \"fused\", \"chunked\", \"naive\"");
   FusedAttentionOptions o;
   o.tile = tile;
@@ -272,7 +274,7 @@ at::Tensor Model::block(int b, const at::Tensor& x, const at::Tensor& pos, const
   auto [q, kk, v] = projectQkv(k, norm(x, k.attnNorm));
   q = rotate(q, pos);    // [B, S, H, Dh]
   kk = rotate(kk, pos);  // [B, S, KV, Dh]
-  auto a = attn(q, kk, v, cfg_.packedDocuments ? pos : at::Tensor()).reshape({B, S, H * Dh});
+  auto a = attn(q, kk, v, cfg_.resolved.packedDocuments ? pos : at::Tensor()).reshape({B, S, H * Dh});
   auto x1 = x + outputProjection(k, a);
   // DeepSpeed's default shard count; every SP rank holds S/P tokens, so all agree on it.
   const int64_t shards = cfg_.tiledMlp ? std::max<int64_t>(1, (S + cfg_.hidden - 1) / cfg_.hidden) : 1;

@@ -128,7 +128,7 @@ void attentionCost(const config::Config& c, const Dims& d, Bytes& savedAttn, Byt
   const double hP = d.H / d.P;
   const bool fusedOps = c.model.fusedKernels;
   savedAttn.add(fusedOps ? 5 : 6, uD);
-  savedAttn.add(fusedOps && c.model.attention == "fused" ? 4 : 3, uKV);
+  savedAttn.add(fusedOps && c.model.attention == config::AttentionKernel::Fused ? 4 : 3, uKV);
   if (fusedOps) savedAttn.add(1, d.D * (d.H * d.Dh + 2 * d.KV * d.Dh) * kF);
   // Qwen3's q/k norms save their inputs (contiguous copies of the q and k columns); the ATen
   // composition saves about twice that. Biases are added in place of the GEMM's output: nothing.
@@ -155,7 +155,7 @@ void attentionCost(const config::Config& c, const Dims& d, Bytes& savedAttn, Byt
     attnWork.add(6 * d.R, uKVr);
     attnWork.add(2, uQ);
     attnWork.add(5, d.B * std::max(d.KV / d.U, 1.0) * ch * ch * kF);
-  } else if (c.model.attention == "fused") {
+  } else if (c.model.attention == config::AttentionKernel::Fused) {
     // FusedAttentionFn saves its inputs and output and the log-sum-exp ([B, H/P, S]). On one
     // rank the inputs are the rotations and v above and the output is o_proj's input; under
     // Ulysses they are the all-to-all's outputs, held only by the kernel (q, out: 2 uD; k, v with
@@ -169,7 +169,7 @@ void attentionCost(const config::Config& c, const Dims& d, Bytes& savedAttn, Byt
     }
     attnWork.add(1, uQ);
     attnWork.add(4, d.P > 1 ? uKVh : uKV);
-  } else if (c.model.attention == "chunked") {
+  } else if (c.model.attention == config::AttentionKernel::Chunked) {
     const double ch = std::min<double>(static_cast<double>(c.model.attentionChunk > 0 ? c.model.attentionChunk : 256), d.S);
     // ChunkedFn saves contiguous q, k, v ([B, H/P, S, Dh], KV expanded) and its output (4 uD)
     // and the log-sum-exp ([B, H/P, S]). Backward: dO made contiguous, dq, dk, dv (4 uD), and
@@ -205,7 +205,7 @@ void mlpCost(const config::Config& c, const Dims& d, Bytes& savedMlp, Bytes& mlp
   // o_proj adds a half-size copy of the attention output that the kernel keeps in fp32
   // (+0.5 uD); SwiGLU saves gu as bf16 (2 -> 1 uF) and down_proj its input (1 -> 0.5 uF).
   // TiledMLP saves its fp32 input itself: only the attention half's -0.5 + 0.5 uD, i.e. nothing.
-  const bool bf16 = c.model.bf16Compute && fusedOps;
+  const bool bf16 = c.model.resolved.bf16Gemms && fusedOps;
   savedMlp.add(fusedOps ? (bf16 && !c.model.tiledMlp ? 0.5 : 1) : 2, uD);
   if (fusedOps) savedMlp.add(2, d.D * d.F * kF);
   if (c.model.tiledMlp) {
@@ -274,14 +274,14 @@ ModelState modelState(const config::Config& c, int world) {
   const int stage = c.zero.stage;
   const double share = stage >= 1 ? 1.0 / d.W : 1.0;  // masters, Adam states, gradient partitions
   double optim = 2 * d.N * kF * share;
-  if (stage >= 1 && c.zero.offloadOptimizer.superOffload)  // shadow master, m, v of the offloaded share
+  if (c.zero.offloadOptimizer.superOffload)  // shadow master, m, v of the offloaded share
     optim += c.zero.offloadOptimizer.ratio * 3 * d.N * kF * share;
   ModelState m;
   // Stages 1 and 2 keep the full parameters beside the masters; stage 3 keeps only its masters.
   m.parameters = static_cast<int64_t>(d.N * kF * (stage == 0 ? 1 : stage == 3 ? share : 1 + share));
   // bf16 gathers: the bf16 copies CPU Adam writes beside the masters (every sub-group with a
   // matrix in it: all of the model at the default sub_group_size).
-  if (stage >= 1 && c.model.bf16Compute && c.bf16Gathers) m.parameters += static_cast<int64_t>(d.N * 2 * share);
+  if (stage >= 1 && c.model.resolved.bf16Gemms && c.precision.gathers) m.parameters += static_cast<int64_t>(d.N * 2 * share);
   // The gradient partitions (stage 0: the whole gradients); full gradients on their way to a
   // reduce-scatter are counted by phase (predict).
   m.gradients = static_cast<int64_t>(d.N * kF * share);
@@ -390,7 +390,7 @@ Phase lossPhase(const config::Config& c, const StepTerms& t, int graphBlocks) {
 // ZeRO stages 1-3: a bucket's reduce-scatter, the optimizer step and construction.
 void addZeroPhases(const config::Config& c, const StepTerms& t, std::vector<Phase>& phases) {
   const Dims& d = t.d;
-  // A bucket completes (Zero3::onBucket): its full gradients, a piece's [W, run] send
+  // A bucket completes (ShardedOptimizer::onBucket): its full gradients, a piece's [W, run] send
   // buffer (at most reduce_bucket_size elements), one padded gradient, and (W > 1) the
   // all-to-all's receive buffer (Comm::reduceScatter). Reduce-scatters still in flight when
   // compute is short are not counted.
@@ -414,7 +414,7 @@ void addZeroPhases(const config::Config& c, const StepTerms& t, std::vector<Phas
     o.transient.add(2, std::min(d.N, std::max(static_cast<double>(c.zero.allgatherBucketSize), d.maxParam)) * kF);
   o.name = "optimizer step";
   phases.push_back(o);
-  Phase i;  // construction: the whole model exists before Zero3 partitions it
+  Phase i;  // construction: the whole model exists before the sharded optimizer partitions it
   i.params = t.z3 ? d.N * kF + t.params : t.params;
   i.grads = t.grads;
   i.optim = 2 * d.N * kF / d.W;
@@ -498,9 +498,9 @@ int64_t memoryBudgetFor(const config::Config& c, int localRanks) {
 
 int graphBlocksFor(const config::Config& c, int world, int64_t budgetBytes) {
   const int L = static_cast<int>(c.model.layers);
-  if (c.activationCheckpointing == "all") return 0;
-  if (c.activationCheckpointing == "none") return L;
-  LT_ASSERT(c.activationCheckpointing == "auto");
+  if (c.activationCheckpointing == config::Recompute::All) return 0;
+  if (c.activationCheckpointing == config::Recompute::None) return L;
+  LT_ASSERT(c.activationCheckpointing == config::Recompute::Auto);
   int k = 0;  // the peak grows with k: take the largest that fits (0 when none does)
   while (k < L && predict(c, world, k + 1).breakdown.total() <= budgetBytes) ++k;
   return k;
@@ -509,7 +509,7 @@ int graphBlocksFor(const config::Config& c, int world, int64_t budgetBytes) {
 int64_t seqLenMultiple(const config::Config& c) { return layoutOf(c).unit(); }
 
 int64_t minSeqLen(const config::Config& c) {
-  if (c.data.type == "kv_recall") return 1 + 2 * c.data.kvPairs + 2 * c.data.kvQueries;  // data.cpp's check
+  if (c.data.type == config::DataType::KvRecall) return 1 + 2 * c.data.kvPairs + 2 * c.data.kvQueries;  // data.cpp's check
   return 2;
 }
 
@@ -517,7 +517,7 @@ int64_t maxSeqLen(const config::Config& cfg, int world, int64_t budgetBytes, int
   const int64_t unit = seqLenMultiple(cfg);
   config::Config c = cfg;
   // "auto" recomputes every block at the longest length that fits; "none" never does.
-  const int graphs = cfg.activationCheckpointing == "none" ? static_cast<int>(cfg.model.layers) : 0;
+  const int graphs = cfg.activationCheckpointing == config::Recompute::None ? static_cast<int>(cfg.model.layers) : 0;
   auto at = [&](int64_t k) {  // k units of seq_len
     c.data.seqLen = k * unit;
     return predict(c, world, graphs);
@@ -569,7 +569,7 @@ std::vector<Rung> ablationLadder(const config::Config& base) {
   std::vector<Rung> out;
   Rung r;
   r.cfg = base;
-  r.cfg.model.attention = "naive";
+  r.cfg.model.attention = config::AttentionKernel::Naive;
   r.cfg.model.lossChunk = 0;
   r.cfg.model.tiledMlp = false;
   r.cfg.sequenceParallelSize = 1;
@@ -586,7 +586,7 @@ std::vector<Rung> ablationLadder(const config::Config& base) {
   r.sets[1] = "model.loss_chunk=" + std::to_string(lossChunk);
   out.push_back(r);
   r.name = "3 + fused attention";
-  r.cfg.model.attention = "fused";
+  r.cfg.model.attention = config::AttentionKernel::Fused;
   r.sets[0] = "model.attention=fused";
   out.push_back(r);
   r.name = "4 + tiled MLP";
@@ -603,7 +603,7 @@ std::vector<Rung> ablationLadder(const config::Config& base) {
   }
   r.name = "7 + ZeRO-3 + SuperOffload";
   r.cfg.zero.stage = 3;
-  r.cfg.zero.offloadOptimizer.device = "cpu";
+  r.cfg.zero.offloadOptimizer.device = config::OffloadDevice::Cpu;
   r.cfg.zero.offloadOptimizer.superOffload = true;
   r.sets[4] = "zero_optimization.stage=3";
   r.sets.push_back("zero_optimization.offload_optimizer.device=cpu");

@@ -12,7 +12,7 @@ namespace lt::plan {
 void preflightMemory(const config::Config& cfg, int world, int localRanks) {
   const int64_t limit = rankMemoryLimitBytes(localRanks);
   if (!cfg.train.memoryPreflight || limit <= 0) return;
-  const int k = cfg.activationCheckpointing == "none" ? static_cast<int>(cfg.model.layers) : 0;
+  const int k = cfg.activationCheckpointing == config::Recompute::None ? static_cast<int>(cfg.model.layers) : 0;
   const int64_t need = predictPeak(cfg, world, k).total();
   if (static_cast<double>(need) <= 1.2 * static_cast<double>(limit)) return;
   const int64_t longest = maxSeqLen(cfg, world, limit);

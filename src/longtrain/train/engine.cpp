@@ -48,7 +48,7 @@ std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval) {
   if (!cfg.data.tokenizer.empty()) tok = std::make_unique<data::Tokenizer>(cfg.data.tokenizer);
   if (tok && !eval) checkTokenizerFits(cfg, *tok);
   const auto& d = cfg.data;
-  if (d.type == "kv_recall") {
+  if (d.type == config::DataType::KvRecall) {
     data::KvRecallOptions o;
     o.seqLen = d.seqLen;
     o.numSamples = eval ? std::max<int64_t>(1, d.evalSamples) : d.numSamples;
@@ -61,9 +61,9 @@ std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval) {
     o.seed = eval ? cfg.seed ^ 0x5EEDE7A1ull : cfg.seed;
     return std::make_shared<data::KvRecallDataset>(o);  // validate() checked the vocabulary
   }
-  const int width = d.type == "bytes" ? 1 : d.type == "uint16" ? 2 : 4;
+  const int width = d.type == config::DataType::Bytes ? 1 : d.type == config::DataType::Uint16 ? 2 : 4;
   data::TokenWindows w;
-  w.packEos = d.packing == "documents" ? packingEos(cfg, tok.get()) : -1;
+  w.packEos = d.packing == config::Packing::Documents ? packingEos(cfg, tok.get()) : -1;
   if (d.evalFraction > 0) {  // the last windows are held out for evaluation
     const int64_t all = data::TokenFileDataset(d.path, width, d.seqLen, cfg.model.vocabSize).fileWindows();
     const int64_t held = std::max<int64_t>(1, std::llround(d.evalFraction * static_cast<double>(all)));
@@ -72,7 +72,13 @@ std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval) {
     w.firstWindow = eval ? all - held : 0;
     w.numWindows = eval ? held : all - held;
   }
-  // Without eval_fraction, evaluation reuses the file's first windows.
+  // Evaluation covers at most data.eval_samples windows: the first held out, or without
+  // eval_fraction the file's first (which training reads too; the banner says so).
+  if (eval) {
+    const int64_t available = w.numWindows >= 0 ? w.numWindows
+                                                : data::TokenFileDataset(d.path, width, d.seqLen, cfg.model.vocabSize).fileWindows();
+    w.numWindows = std::min(available, d.evalSamples);
+  }
   return std::make_shared<data::TokenFileDataset>(d.path, width, d.seqLen, cfg.model.vocabSize, w);
 }
 
@@ -96,9 +102,13 @@ Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg
             "disagree: config validated for another world size");
   LT_ASSERT(lay.R == 1 || (groups_.spRing && groups_.spRing->size() == lay.R), "the config resolves SP to ",
             lay.describe(), " but comm::makeGroups was given no ring degree ", lay.R);
-  plan_.oneDnnGemm = chooseOneDnnGemm();
-  plan_.bf16Compute = cfg_.bf16 && chooseBf16();  // against the fp32 route just chosen
-  plan_.packedDocuments = cfg_.data.packing == "documents";
+  config::KernelChoices& k = plan_.kernels;
+  k.oneDnnGemm = chooseOneDnnGemm();
+  k.bf16Gemms = cfg_.precision.bf16 && chooseBf16();  // against the fp32 route just chosen
+  // A CPU capability: agreeOnPlan() refuses a world whose CPUs differ in it.
+  k.bf16Attention = k.bf16Gemms && cfg_.precision.attention && cfg_.model.attention == config::AttentionKernel::Fused &&
+                    model::fusedAttentionBf16Supported();
+  k.packedDocuments = cfg_.data.packing == config::Packing::Documents;
   // With init_from the weights come from its safetensors (loadInitialWeights, below).
   model_ = std::make_unique<model::Model>(plan_.model(cfg_.model), cfg_.seed, /*initialize=*/cfg_.model.initFrom.empty());
   std::vector<int64_t> groupBytes;  // before ZeRO-3 frees the full tensors
@@ -140,43 +150,28 @@ void Engine::buildLoader() {
 
 void Engine::buildOptimizer(const EngineOptions& opts) {
   const int threads = at::get_num_threads();
-  zero::Zero3Options zo = zero::Zero3Options::from(cfg_, plan_.bf16Compute, threads, opts.rankCpus);
+  zero::ShardedOptimizerOptions zo = zero::ShardedOptimizerOptions::from(cfg_, plan_.kernels.bf16Gemms, threads, opts.rankCpus);
   if (zo.superOffload && threads > 1) at::set_num_threads(threads - zo.workerCores);  // the trainer keeps the rest
-  zero_ = std::make_unique<zero::Zero3>(*model_, groups_.world, groups_.dp->size(), std::move(zo));
+  zero_ = std::make_unique<zero::ShardedOptimizer>(*model_, groups_.world, groups_.dp->size(), std::move(zo));
 }
 
 // The step program: the base, rewritten by passes; a schedule swaps the pass list.
 void Engine::buildProgram() {
   base_ = compile::baseProgram(model_->numBlocks(), plan_.graphBlocks);
-  const bool z3 = cfg_.zero.stage == 3;
-  std::vector<std::string> fixedPasses =
-      z3 ? std::vector<std::string>{"zero3", "free_activations"} : std::vector<std::string>{"free_activations"};
-  const bool offload = !cfg_.train.offloadDir.empty();  // train.offload_dir turns offload_activations on
-  if (offload) fixedPasses.push_back("offload_activations");
-  if (cfg_.compile.deepcompile) {
-    std::vector<compile::ScheduleEntry> entries = cfg_.compile.schedule ? *cfg_.compile.schedule
-                                                  : z3 ? compile::defaultZero3Schedule()
-                                                       : std::vector<compile::ScheduleEntry>{{0, {"free_activations"}}};
-    for (auto& e : entries)  // validate() refused the pass without the directory
-      if (offload && std::find(e.passes.begin(), e.passes.end(), "offload_activations") == e.passes.end())
-        e.passes.push_back("offload_activations");
-    schedule_ = compile::Schedule(entries);
-  }
-  program_ = compile::applyPasses(base_, fixedPasses, passCtx_);
-  activePasses_ = fixedPasses;
-  if (offload) makeActivationOffload();
+  if (cfg_.compile.deepcompile) schedule_ = compile::Schedule(compile::scheduleOf(cfg_));
+  activePasses_ = compile::fixedPasses(cfg_);
+  program_ = compile::applyPasses(base_, activePasses_, passCtx_);
+  if (!cfg_.train.offloadDir.empty()) makeActivationOffload();
 }
 
 // The executor with the hooks that connect the program's collectives to ZeRO or DP, and the
 // attention core (through the SP all-to-alls and ring when P > 1).
 void Engine::buildExecutor() {
-  compile::Hooks hooks;
-  if (cfg_.zero.stage == 3) {
-    hooks.gather = [this](int g) { zero_->gather(g); };
-    hooks.prefetch = [this](int g) { zero_->prefetch(g); };
-    hooks.gatheredBytes = [this] { return zero_->ledger().gatheredBytes; };
-    hooks.release = [this](int g) { zero_->release(g); };
-  }
+  compile::Hooks hooks;  // the optimizer answers each for its stage (gathers are no-ops below 3)
+  hooks.gather = [this](int g) { zero_->gather(g); };
+  hooks.prefetch = [this](int g) { zero_->prefetch(g); };
+  hooks.gatheredBytes = [this] { return zero_->ledger().gatheredBytes; };
+  hooks.release = [this](int g) { zero_->release(g); };
   hooks.reduceGrads = [this](int g, bool boundary) { zero_->reduceGrads(g, boundary); };
   model::AttentionFn core = model::attentionCore(model_->config());
   model::AttentionFn attn = groups_.sp->size() > 1
@@ -217,16 +212,16 @@ void Engine::makeActivationOffload() {
 Engine::~Engine() = default;
 
 bool Engine::chooseBf16() {
-  const double fp32 = measureGemmPeakFlops(plan_.oneDnnGemm ? kernels::GemmRoute::OneDnn : kernels::GemmRoute::Blas);
+  const double fp32 = measureGemmPeakFlops(plan_.kernels.oneDnnGemm ? kernels::GemmRoute::OneDnn : kernels::GemmRoute::Blas);
   const double bf16 = measureGemmPeakFlops(kernels::GemmRoute::Bf16);
   // Every rank must build the same model: bf16 only if it is faster on every rank.
-  auto t = at::tensor({bf16 > fp32 || !cfg_.bf16OnlyIfFaster ? 1.0 : 0.0}, at::kDouble);
+  auto t = at::tensor({bf16 > fp32 || !cfg_.precision.onlyIfFaster ? 1.0 : 0.0}, at::kDouble);
   groups_.world->allReduce(t, comm::ReduceOp::Min).wait();
   const bool use = t.item<double>() > 0;
   gemmPeakFlops_ = use ? bf16 : fp32;
   if (groups_.world->rank() == 0)
     std::printf("longtrain: bf16.enabled: bf16 GEMM %.1f GFLOP/s against fp32 (%s) %.1f on this CPU (1024^3, %d threads): %s\n",
-                bf16 / 1e9, plan_.oneDnnGemm ? "oneDNN" : "BLAS", fp32 / 1e9, at::get_num_threads(),
+                bf16 / 1e9, plan_.kernels.oneDnnGemm ? "oneDNN" : "BLAS", fp32 / 1e9, at::get_num_threads(),
                 use ? "GEMMs run in bf16, weights and optimizer in fp32"
                     : "bf16 is slower here, training runs in fp32 (bf16.only_if_faster=false forces bf16)");
   return use;
@@ -237,7 +232,7 @@ bool Engine::chooseBf16() {
 // does not know). A rule, not a start-up race between the two: a timing on a busy machine
 // could pick differently from one run to the next, and a resumed run must compute the same bits.
 bool Engine::chooseOneDnnGemm() {
-  if (cfg_.model.gemm != "auto") return cfg_.model.gemm == "onednn";
+  if (cfg_.model.gemm != config::GemmChoice::Auto) return cfg_.model.gemm == config::GemmChoice::OneDnn;
   return blasKernelReport().belowCpu;
 }
 
@@ -304,7 +299,7 @@ std::vector<ckpt::ParamMeta> Engine::parameterMeta() const {
   std::vector<ckpt::ParamMeta> out;
   for (int g : model_->groupOrder())
     for (const auto& np : model_->group(g)) {
-      // Under ZeRO-3 the model's tensors are empty between gathers; Zero3 keeps the shapes.
+      // Under ZeRO-3 the model's tensors are empty between gathers; the sharded optimizer keeps the shapes.
       const int i = static_cast<int>(out.size());
       out.push_back({np.name, zero_->paramShape(i)});
     }

@@ -1,6 +1,6 @@
 // The training engine: builds the model, groups, loader, optimizer and step program from a
 // Config and its RunPlan, and runs optimizer steps. One optimizer serves every ZeRO stage
-// (zero/zero3.h): stage 0 is its replicated case, whose parameters and gradients are views of
+// (zero/sharded_optimizer.h): stage 0 is its replicated case, whose parameters and gradients are views of
 // flat buffers that are all-reduced in place; stages 1-3 partition. The program's ReduceGrads
 // hand each group's gradients over as its backward ends (overlapping the next group's); the
 // engine calls finishBackward after every micro-batch and steps after the last one, where the
@@ -23,7 +23,7 @@
 #include "longtrain/model/model.h"
 #include "longtrain/sp/ulysses.h"
 #include "longtrain/config/run_plan.h"
-#include "longtrain/zero/zero3.h"
+#include "longtrain/zero/sharded_optimizer.h"
 
 namespace lt::train {
 
@@ -74,7 +74,7 @@ class Engine : public ckpt::TrainState {
   model::Model& model() { return *model_; }
   // Every parameter, whole (under ZeRO gathered from the master partitions: a collective).
   std::vector<at::Tensor> fullParameters();
-  zero::Zero3* zero() { return zero_.get(); }
+  zero::ShardedOptimizer* zero() { return zero_.get(); }
   // Called on every rank when a schedule entry rebuilds the program (0-based step).
   std::function<void(int64_t step, const std::vector<std::string>& passes, const compile::Program&)> onRecompile;
   const std::vector<std::string>& activePasses() const { return activePasses_; }
@@ -128,7 +128,7 @@ class Engine : public ckpt::TrainState {
   std::unique_ptr<data::Loader> loader_;         // SP = 1
   std::unique_ptr<sp::UlyssesLoader> ulysses_;  // SP > 1 (owns this rank's loader)
   data::Loader* spLoader_ = nullptr;             // SP > 1: the loader inside ulysses_
-  std::unique_ptr<zero::Zero3> zero_;  // the optimizer, at every ZeRO stage (0: replicated)
+  std::unique_ptr<zero::ShardedOptimizer> zero_;  // the optimizer, at every ZeRO stage (0: replicated)
   zero::ZeroStepResult lastZero_;
   double gemmPeakFlops_ = 0;  // this rank's rate of the GEMM dtype in use, when chooseBf16 measured it
   compile::Program base_, program_;

@@ -91,15 +91,16 @@ at::Tensor lastLogits(model::Model& m, const std::vector<int64_t>& ids) {
 }
 
 PositionLossOptions positionLossOptions(const std::string& path, int64_t seqLen, int64_t windows,
-                                        const std::string& dtype, bool packDocuments, int64_t eosOverride,
+                                        config::TokenDtype dtype, bool packDocuments, int64_t eosOverride,
                                         int64_t eosFallback, const std::string& source) {
   PositionLossOptions o;
   o.path = path, o.seqLen = seqLen, o.maxWindows = windows;
   const std::optional<config::TokenSidecar> side = config::readTokenSidecar(path);
-  LT_CHECK(!dtype.empty() || side, source, " '", path, "' has no sidecar (", config::tokenSidecarPath(path),
+  LT_CHECK(dtype != config::TokenDtype::FromSidecar || side, source, " '", path, "' has no sidecar (", config::tokenSidecarPath(path),
            "); give its dtype (eval --dtype, train.eval.dtype: uint16 or uint32), or write the file with longtrain ",
            "tokenize");
-  o.bytesPerToken = (dtype.empty() ? side->dtype : dtype) == "uint32" ? 4 : 2;
+  const bool wide = dtype == config::TokenDtype::FromSidecar ? side->dtype == "uint32" : dtype == config::TokenDtype::Uint32;
+  o.bytesPerToken = wide ? 4 : 2;
   if (packDocuments) {
     o.packEos = eosOverride >= 0 ? eosOverride : side && side->eosId >= 0 ? side->eosId : eosFallback;
     LT_CHECK(o.packEos >= 0, source, " '", path, "': packed documents need the EOS id: give it (eval --eos-id, ",

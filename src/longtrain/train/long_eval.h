@@ -47,7 +47,7 @@ struct SequenceParallel {
 // file's sidecar's; with packed documents the EOS is `eosOverride` (>= 0), else the sidecar's,
 // else `eosFallback`. `source` names the flag or key in errors ("eval --data").
 PositionLossOptions positionLossOptions(const std::string& path, int64_t seqLen, int64_t windows,
-                                        const std::string& dtype, bool packDocuments, int64_t eosOverride,
+                                        config::TokenDtype dtype, bool packDocuments, int64_t eosOverride,
                                         int64_t eosFallback, const std::string& source);
 
 PositionLoss evaluatePositions(model::Model& m, const PositionLossOptions& o, const SequenceParallel* sp = nullptr);

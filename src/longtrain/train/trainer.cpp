@@ -29,6 +29,7 @@
 #include "longtrain/train/engine.h"
 #include "longtrain/train/long_eval.h"
 #include "longtrain/train/machine.h"
+#include "longtrain/train/peak_record.h"
 
 namespace lt::train {
 
@@ -72,7 +73,7 @@ class Sampler {
     LT_CHECK(cfg.train.samplePrompt.empty() || tok_, "train.sample_prompt needs data.tokenizer to encode it");
     if (tok_) prompt_ = tok_->encode(cfg.train.samplePrompt);
     // Packed documents each follow an EOS (training never sees BOS there).
-    const bool afterEos = cfg.data.packing == "documents" || tok_ == nullptr || tok_->bosId() < 0;
+    const bool afterEos = cfg.data.packing == config::Packing::Documents || tok_ == nullptr || tok_->bosId() < 0;
     const int64_t start = !tok_ ? -1 : afterEos ? tok_->eosId() : tok_->bosId();
     if (start >= 0) prompt_.insert(prompt_.begin(), start);
     if (prompt_.empty()) prompt_.push_back(0);
@@ -112,7 +113,7 @@ class LongEvaluator {
   explicit LongEvaluator(const Config& cfg) {
     const auto& e = cfg.train.longEval;
     if (e.data.empty()) return;
-    opts_ = positionLossOptions(e.data, e.seqLen, e.windows, e.dtype, e.packing == "documents", -1, cfg.data.eosId,
+    opts_ = positionLossOptions(e.data, e.seqLen, e.windows, e.dtype, e.packing == config::Packing::Documents, -1, cfg.data.eosId,
                                 "train.eval.data");
   }
   std::optional<PositionLoss> maybeEvaluate(Engine& engine, WeightCopy& weights, bool evalNow, bool lead) {
@@ -156,13 +157,13 @@ std::string saveCheckpoint(Engine& engine, ckpt::AsyncSaver& saver, const TrainO
   try {
     if (ck.async) {
       error = agreedAsyncOutcome(saver, *engine.groups().world);
-      LT_CHECK(error.empty() || ck.onError == "warn", error);
+      LT_CHECK(error.empty() || ck.onError == config::OnSaveError::Warn, error);
       dir = saver.save(engine, ck.dir, ck.keepLast, opts.checkpointHook, opts.runId);
     } else {
       dir = ckpt::save(engine, ck.dir, ck.keepLast, opts.checkpointHook, opts.runId);
     }
   } catch (const lt::Error& e) {
-    if (ck.onError != "warn") throw;
+    if (ck.onError != config::OnSaveError::Warn) throw;
     error = firstLine(e.what());
   }
   return error;
@@ -242,29 +243,66 @@ void resume(Engine& engine, const std::string& from, bool lead) {
   std::printf("resume: the config differs from the checkpoint's at:%s\n", keys.c_str());
 }
 
-// MFU's denominator: every rank's measured GEMM peak at the threads it trains with, summed.
-// (bf16 GEMMs: against the bf16 peak, which the engine measured when it chose bf16.)
-double jobGemmPeak(Engine& engine) {
-  const double mine = engine.measuredGemmPeakFlops() > 0 ? engine.measuredGemmPeakFlops()
-                                                          : measureGemmPeakFlops(model::gemmRoute(engine.model().config()));
-  auto t = at::tensor({mine}, at::kDouble);
+// MFU's denominator: every rank's GEMM peak at the threads it trains with, summed; each the
+// best recorded for its machine, or train.peak_flops (peak_record.h). (bf16 GEMMs: against
+// the bf16 peak, which the engine measured when it chose bf16.) `source` is rank 0's.
+double jobGemmPeak(Engine& engine, std::string* source) {
+  const kernels::GemmRoute route = model::gemmRoute(engine.model().config());
+  const double measured = engine.measuredGemmPeakFlops() > 0 ? engine.measuredGemmPeakFlops() : measureGemmPeakFlops(route);
+  const GemmPeak mine = robustGemmPeak(route, measured, engine.config().train.peakFlops);
+  *source = mine.source;
+  auto t = at::tensor({mine.flops}, at::kDouble);
   engine.groups().world->allReduce(t).wait();
   return t.item<double>();
 }
 
-void printBanner(const Engine& engine, double gemmPeak, double flopsPerToken, bool printProgram) {
+// One line with the run's shape: layout, ZeRO, optimizer, schedule, where the weights start; and
+// a warning when the run goes past the end of a schedule that decays.
+void printRunLine(const Engine& engine) {
+  const Config& cfg = engine.config();
+  const auto& off = cfg.zero.offloadOptimizer;
+  const auto& sch = cfg.scheduler;
+  const std::string zero = fmt::format("ZeRO stage {}{}", cfg.zero.stage,
+                                       off.superOffload ? fmt::format(" + SuperOffload (ratio {:g})", off.ratio)
+                                       : off.device == config::OffloadDevice::Cpu ? " + CPU optimizer" : "");
+  const std::string optimizer = fmt::format("{}{} (lr {:g}, weight decay {:g})", config::optionName(cfg.optimizer.type),
+                                            cfg.optimizer.type == config::OptimizerType::Adam
+                                                ? (cfg.optimizer.decoupledDecay() ? ", decoupled decay" : ", L2 decay")
+                                                : "",
+                                            cfg.optimizer.lr, cfg.optimizer.weightDecay);
+  const std::string schedule = sch.type == config::SchedulerType::Constant ? "constant lr"
+                               : sch.type == config::SchedulerType::WarmupLR
+                                   ? fmt::format("WarmupLR over {} steps", sch.warmupNumSteps)
+                                   : fmt::format("{} over {} warmup steps, ending at step {}", config::optionName(sch.type),
+                                                 sch.warmupNumSteps, sch.totalNumSteps);
+  const std::string init = cfg.model.initFrom.empty() ? fmt::format("random init (seed {})", cfg.seed)
+                                                      : "weights from " + cfg.model.initFrom;
+  std::printf("longtrain: run: %s, %s, %s, %s, %s%s\n", cfg.layout.describe().c_str(), zero.c_str(),
+              optimizer.c_str(), schedule.c_str(), init.c_str(),
+              engine.globalStep() > 0 ? fmt::format(", resumed at step {}", engine.globalStep()).c_str() : "");
+  if (sch.type != config::SchedulerType::Constant && sch.type != config::SchedulerType::WarmupLR &&
+      cfg.train.steps > sch.totalNumSteps)
+    std::printf("longtrain: warning: train.steps=%lld goes past scheduler.params.total_num_steps=%lld: the last "
+                "%lld steps run at the schedule's final lr; raise total_num_steps to stretch the schedule\n",
+                (long long)cfg.train.steps, (long long)sch.totalNumSteps,
+                (long long)(cfg.train.steps - sch.totalNumSteps));
+}
+
+void printBanner(const Engine& engine, double gemmPeak, const std::string& peakSource, double flopsPerToken,
+                 bool printProgram) {
+  printRunLine(engine);
   const Config& cfg = engine.config();
   const comm::Groups& g = engine.groups();
   const BlasKernelReport blas = blasKernelReport();
   const model::ModelConfig& m = engine.model().config();  // with the run plan's choices
-  const char* route = !m.bf16Compute               ? (m.oneDnnGemm ? "fp32 (oneDNN)" : "fp32")
+  const char* route = !m.resolved.bf16Gemms        ? (m.resolved.oneDnnGemm ? "fp32 (oneDNN)" : "fp32")
                       : model::attentionInBf16(m) ? "bf16 (attention's products too)"
                                                   : "bf16 (attention in fp32)";
   std::printf("longtrain: blas core=%s (%s%s), %d threads/rank, %s GEMM peak %.1f GFLOP/s over all ranks "
-              "(measured), allocator %s, %.3g model GFLOP/token\n",
+              "(rank 0's: %s), allocator %s, %.3g model GFLOP/token\n",
               blas.core.empty() ? "unknown" : blas.core.c_str(), blas.describe().c_str(),
-              m.oneDnnGemm ? "; the model's GEMMs run on oneDNN" : "", at::get_num_threads(), route,
-              gemmPeak / 1e9, allocatorName().c_str(), flopsPerToken / 1e9);
+              m.resolved.oneDnnGemm ? "; the model's GEMMs run on oneDNN" : "", at::get_num_threads(), route,
+              gemmPeak / 1e9, peakSource.c_str(), allocatorName().c_str(), flopsPerToken / 1e9);
   std::printf("longtrain: %d rank(s) (sp=%d: %s, dp=%d), model %.2fM params (%lld layers, hidden %lld), data %s\n",
               g.world->size(), g.sp->size(), cfg.layout.describe().c_str(), g.dp->size(), cfg.model.numParams() / 1e6,
               (long long)cfg.model.layers, (long long)cfg.model.hidden, engine.dataset().describe().c_str());
@@ -274,12 +312,16 @@ void printBanner(const Engine& engine, double gemmPeak, double flopsPerToken, bo
   const int L = static_cast<int>(cfg.model.layers), k = engine.graphBlocks();
   std::printf("longtrain: activation_checkpointing \"%s\": %d of %d blocks keep their graph, %d recomputed "
               "(budget %.0f MiB/rank, predicted peak %.0f MiB)\n",
-              cfg.activationCheckpointing.c_str(), k, L, L - k, engine.memoryBudget() / 1048576.0,
+              config::optionName(cfg.activationCheckpointing), k, L, L - k, engine.memoryBudget() / 1048576.0,
               plan::predictPeak(engine.plan().applied(cfg), g.world->size(), k).total() / 1048576.0);
+  if (cfg.data.tokenFile() && cfg.data.evalFraction == 0 && engine.evalDataset())
+    std::printf("longtrain: eval on %lld windows that training reads too (%s); data.eval_fraction holds the last "
+                "windows out instead\n",
+                (long long)engine.evalDataset()->size(), engine.evalDataset()->describe().c_str());
   if (cfg.data.evalFraction > 0 && engine.evalDataset())
-    std::printf("longtrain: eval on the held-out %.1f%% of windows; unigram baseline loss %.4f (the training "
-                "windows' token frequencies)\n",
-                100 * cfg.data.evalFraction,
+    std::printf("longtrain: eval on %lld windows of the held-out %.1f%% (data.eval_samples caps them); unigram "
+                "baseline loss %.4f (the training windows' token frequencies)\n",
+                (long long)engine.evalDataset()->size(), 100 * cfg.data.evalFraction,
                 data::unigramBaselineLoss(engine.dataset(), *engine.evalDataset(), cfg.model.vocabSize));
   if (printProgram) std::printf("step program:\n%s", engine.program().listing().c_str());
   std::fflush(stdout);
@@ -303,7 +345,7 @@ class MetricsWriter {
     nlohmann::json j{{"step", m.step}, {"loss", m.loss}, {"lr", m.lr}, {"grad_norm", m.gradNorm},
                      {"train_accuracy", m.accuracy}, {"tokens", m.tokens}, {"step_time_s", m.stepTimeS},
                      {"tokens_per_s", tps}, {"peak_rss_bytes", m.peakRssBytes},
-                     {"exposed_gather_s", m.exposedGatherS}, {"activation_peak_bytes", m.activationPeakBytes},
+                     {"activation_peak_bytes", m.activationPeakBytes},
                      {"mfu", mfu(tps)}, {"model_flops_per_token", flopsPerToken_}, {"gemm_peak_flops", gemmPeak_},
                      {"skipped_steps", engine.skippedSteps()},
                      {"rss_bytes", currentRssBytes()},  // rank 0's, now (leak watch: with open_fds)
@@ -312,7 +354,8 @@ class MetricsWriter {
       j["offload_wait_s"] = m.offloadWaitS;
       j["offload_io_s"] = m.offloadIoS;
     }
-    if (const zero::Zero3* z = engine.zero(); z->stage() > 0) addZero(j, *z, m);  // stage 0 partitions nothing
+    if (const zero::ShardedOptimizer* z = engine.zero(); z->stage() > 0) addZero(j, *z, m);  // stage 0 partitions nothing
+    if (engine.zero()->stage() == 3) j["exposed_gather_s"] = m.exposedGatherS;  // only stage 3 gathers
     if (ckptS >= 0) j["checkpoint_s"] = ckptS;
     if (!ckptError.empty()) j["checkpoint_error"] = ckptError;
     if (e) {
@@ -330,7 +373,7 @@ class MetricsWriter {
   }
 
  private:
-  static void addZero(nlohmann::json& j, const zero::Zero3& z, const StepMetrics& m) {
+  static void addZero(nlohmann::json& j, const zero::ShardedOptimizer& z, const StepMetrics& m) {
     const auto& l = z.ledger();
     j["zero_param_bytes"] = l.paramBytes;
     if (z.stage() < 3) j["zero_replica_bytes"] = l.replicaBytes;
@@ -398,7 +441,7 @@ void printLongEval(const PositionLoss& r, int64_t step, const Config& cfg) {
 
 void printProgress(const Config& cfg, const StepMetrics& m, double tps, double mfu, double etaS, const EvalMetrics* e) {
   if (m.step % cfg.stepsPerPrint == 0 || m.step == 1 || m.step == cfg.train.steps)
-    std::printf("step %lld/%lld | loss %.4f | acc %.3f | lr %.3g | grad_norm %.3f | %.0f tok/s | MFU %.1f%% | "
+    std::printf("step %lld/%lld | loss %.4f | acc %.3f | lr %.3g | grad_norm %.3f | avg %.0f tok/s | avg MFU %.1f%% | "
                 "ETA %s\n",
                 (long long)m.step, (long long)cfg.train.steps, m.loss, m.accuracy, m.lr, m.gradNorm, tps, 100 * mfu,
                 humanTime(etaS).c_str());
@@ -413,7 +456,7 @@ void finishAsyncSaves(ckpt::AsyncSaver& saver, const Config& cfg, comm::Comm& wo
   if (!cfg.train.checkpoint.async) return;
   auto t0 = std::chrono::steady_clock::now();
   if (const std::string e = agreedAsyncOutcome(saver, world); !e.empty()) {
-    LT_CHECK(cfg.train.checkpoint.onError == "warn", e);
+    LT_CHECK(cfg.train.checkpoint.onError == config::OnSaveError::Warn, e);
     ++sum.failedSaves;
     if (lead) std::printf("checkpoint: the last save FAILED: %s\n", e.c_str());
   }
@@ -436,8 +479,9 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
   setPhase("building the model, data and optimizer (seq_len %lld)", (long long)cfg.data.seqLen);
   Engine engine(cfg, groups, opts.engine);
   if (const std::string from = resumeSource(ck, opts); !from.empty()) resume(engine, from, lead);
-  const double gemmPeak = jobGemmPeak(engine), flopsPerToken = modelFlopsPerToken(cfg.model, cfg.data.seqLen);
-  if (lead) printBanner(engine, gemmPeak, flopsPerToken, opts.printProgram);
+  std::string peakSource;
+  const double gemmPeak = jobGemmPeak(engine, &peakSource), flopsPerToken = modelFlopsPerToken(cfg.model, cfg.data.seqLen);
+  if (lead) printBanner(engine, gemmPeak, peakSource, flopsPerToken, opts.printProgram);
   engine.onRecompile = [&](int64_t step, const std::vector<std::string>& passes, const compile::Program& p) {
     if (lead) printRecompile(step, passes, p, opts.printProgram);
   };

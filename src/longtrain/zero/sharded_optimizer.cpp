@@ -1,8 +1,8 @@
-// ZeRO-3 partitions, IPG buckets, SuperOffload worker and validation. Threads: the trainer
+// The sharded optimizer: partitions, IPG buckets, SuperOffload worker and validation. Threads: the trainer
 // thread runs everything but the worker's Adam steps; the two meet only through the task
 // and result channels, and a sub-group's buffers are touched by one side at a time (the
 // trainer hands a sub-group over after its gradient is final, and takes it back in step()).
-#include "longtrain/zero/zero3.h"
+#include "longtrain/zero/sharded_optimizer.h"
 
 #include <ATen/ATen.h>
 #include <pthread.h>
@@ -45,11 +45,11 @@ kernels::AdamParams adamParams(const config::OptimizerConfig& o) {
   ap.beta2 = o.beta2;
   ap.eps = o.eps;
   ap.weightDecay = o.weightDecay;
-  ap.adamw = o.type == "AdamW";
+  ap.adamw = o.decoupledDecay();
   return ap;
 }
 
-double decayOf(model::ParamRole role, const Zero3Options& o) {
+double decayOf(model::ParamRole role, const ShardedOptimizerOptions& o) {
   switch (role) {
     case model::ParamRole::Matrix: return o.adam.weightDecay;
     case model::ParamRole::Embedding: return o.decayEmbeddings ? o.adam.weightDecay : 0.0;
@@ -60,24 +60,24 @@ double decayOf(model::ParamRole role, const Zero3Options& o) {
 
 }  // namespace
 
-Zero3Options Zero3Options::from(const config::Config& cfg, bool bf16Gemms, int threads, const std::vector<int>& rankCpus) {
-  Zero3Options zo;
+ShardedOptimizerOptions ShardedOptimizerOptions::from(const config::Config& cfg, bool bf16Gemms, int threads, const std::vector<int>& rankCpus) {
+  ShardedOptimizerOptions zo;
   zo.stage = cfg.zero.stage;
   zo.subGroupSize = cfg.zero.subGroupSize;
   zo.reduceBucketSize = cfg.zero.reduceBucketSize;
   zo.allgatherBucketSize = cfg.zero.allgatherBucketSize;
   zo.overlapComm = cfg.zero.overlapComm;
-  zo.reduceBf16 = cfg.communicationDataType == "bf16";
+  zo.reduceBf16 = cfg.precision.communication == config::CommDtype::Bf16;
   zo.gradientClipping = cfg.gradientClipping;
   zo.adam = adamParams(cfg.optimizer);
   zo.decayEmbeddings = cfg.optimizer.decayEmbeddings;
-  zo.bf16Gathers = bf16Gemms && cfg.bf16Gathers && zo.stage > 0;  // stage 0 moves no parameter
+  zo.bf16Gathers = bf16Gemms && cfg.precision.gathers && zo.stage > 0;  // stage 0 moves no parameter
   const auto& off = cfg.zero.offloadOptimizer;
   zo.superOffload = off.superOffload;
   zo.ratio = off.ratio;
   zo.workerTimeout = std::chrono::milliseconds(cfg.train.commTimeoutMs());
   zo.workerCores = std::max(1, static_cast<int>(std::lround(off.cpuadamCoresPerc * threads)));
-  if (zo.stage == 0) zo.workerCores = threads;  // Adam runs on the trainer's threads, between steps
+  if (zo.stage == 0 && !zo.superOffload) zo.workerCores = threads;  // Adam runs on the trainer's threads, between steps
   if (!zo.superOffload) return zo;
   zo.workerCores = std::min(zo.workerCores, std::max(1, threads - 1));
   const int owned = static_cast<int>(rankCpus.size());
@@ -85,13 +85,23 @@ Zero3Options Zero3Options::from(const config::Config& cfg, bool bf16Gemms, int t
   return zo;
 }
 
-Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSize, Zero3Options o)
+// The same steps in the same order at every stage (as torchtitan applies FSDP); each does what
+// the stage asks of it, so no caller branches on the stage.
+ShardedOptimizer::ShardedOptimizer(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSize, ShardedOptimizerOptions o)
     : world_(std::move(world)), dpSize_(dpSize), o_(std::move(o)) {
   LT_ASSERT(o_.stage >= 0 && o_.stage <= 3, "ZeRO stage ", o_.stage);
-  LT_ASSERT(o_.stage > 0 || (!o_.superOffload && !o_.bf16Gathers && !o_.reduceBf16),
-            "stage 0 keeps fp32 replicas and steps them on the trainer thread");
-  const int W = partitions(), r = partitionRank();
-  // Parameters in model order, cut into sub-groups of at most subGroupSize elements.
+  LT_ASSERT(o_.stage > 0 || (!o_.bf16Gathers && !o_.reduceBf16), "stage 0 moves no parameter and all-reduces in fp32");
+  applyPartitioning(m);
+  applyOptimizerState();
+  applyOwnership();
+  applyGradientBuckets();
+  applyOffloadWorker();
+}
+
+// Parameters in model order, cut into sub-groups of at most sub_group_size elements; each
+// parameter's chunk is ceil(numel / partitions) (the whole parameter at stage 0).
+void ShardedOptimizer::applyPartitioning(const model::Model& m) {
+  const int W = partitions();
   groupParams_.resize(m.numGroups());
   int64_t sgNumel = 0;
   for (int g : m.groupOrder())  // Hugging Face order: the LM head's sub-group completes first
@@ -119,21 +129,23 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
       ledger_.unpartitionedBytes += pi.numel * 16;
       if (o_.stage == 1 || o_.stage == 2) ledger_.replicaBytes += pi.numel * 4;
     }
+}
+
+// Each sub-group's fp32 master and gradient, its Adam state (each parameter's chunk with its own
+// weight decay), its bf16 copy where a parameter travels as bf16, and whether SuperOffload's
+// worker steps it: the last ratio x n, which backward completes first, so they overlap the most.
+void ShardedOptimizer::applyOptimizerState() {
   adam_ = std::make_unique<kernels::CpuAdam>(o_.adam, std::max(1, o_.workerCores));
   const int n = numSubGroups();
   const int offloaded = o_.superOffload ? static_cast<int>(std::lround(o_.ratio * n)) : 0;
-  std::vector<int> counts;
   for (int s = 0; s < n; ++s) {
     auto& sg = subGroups_[s];
     sg.master = at::zeros({sg.partNumel}, at::kFloat);
     sg.grad = at::zeros({sg.partNumel}, at::kFloat);
-    std::vector<kernels::DecaySpan> decay;  // each parameter's chunk keeps its own weight decay
-    for (int i : sg.params)
-      decay.push_back({params_[i].offset, params_[i].chunk, params_[i].weightDecay});
+    std::vector<kernels::DecaySpan> decay;
+    for (int i : sg.params) decay.push_back({params_[i].offset, params_[i].chunk, params_[i].weightDecay});
     sg.adamGroup = adam_->addGroup(sg.partNumel, decay);
-    // Backward completes the last sub-groups first: offloading those overlaps the most.
     sg.offloaded = s >= n - offloaded;
-    counts.push_back(static_cast<int>(sg.params.size()));
     ledger_.paramBytes += sg.partNumel * 4;
     ledger_.gradBytes += sg.partNumel * 4;
     ledger_.optimBytes += sg.partNumel * 8;
@@ -143,7 +155,12 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
       ledger_.paramBytes += sg.partNumel * 2;
     }
   }
-  // Keep this rank's chunk of every (identically initialized) parameter; stage 3 frees the rest.
+}
+
+// This rank's chunk of every (identically initialized) parameter into the masters; stage 3
+// frees the rest, stage 0's parameters and gradients become views of the masters and gradients.
+void ShardedOptimizer::applyOwnership() {
+  const int W = partitions(), r = partitionRank();
   for (auto& pi : params_) {
     auto flat = pi.tensor.detach().reshape({-1});
     const PartitionRange mine = partitionRange(pi.numel, W, r);
@@ -153,20 +170,31 @@ Zero3::Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSiz
   }
   if (o_.stage == 0) aliasReplicas();
   refreshBf16Copies();
-  pendingGathers_.resize(groupParams_.size());
-  buckets_ = std::make_unique<IpgBuckets>(counts, [this](int sg, std::vector<GradItem>& items) { onBucket(sg, items); });
-  if (offloaded > 0) worker_ = std::thread([this] { workerLoop(); });
 }
 
-Zero3::~Zero3() {
+// Gradients travel in buckets of whole parameters, one sub-group at a time: reduce-scattered
+// into partitions (stages 1-3) or all-reduced in place (stage 0).
+void ShardedOptimizer::applyGradientBuckets() {
+  pendingGathers_.resize(groupParams_.size());
+  std::vector<int> counts;
+  for (const auto& sg : subGroups_) counts.push_back(static_cast<int>(sg.params.size()));
+  buckets_ = std::make_unique<IpgBuckets>(counts, [this](int sg, std::vector<GradItem>& items) { onBucket(sg, items); });
+}
+
+void ShardedOptimizer::applyOffloadWorker() {
+  if (std::any_of(subGroups_.begin(), subGroups_.end(), [](const SubGroup& sg) { return sg.offloaded; }))
+    worker_ = std::thread([this] { workerLoop(); });
+}
+
+ShardedOptimizer::~ShardedOptimizer() {
   tasks_.close();
   if (worker_.joinable()) worker_.join();
 }
 
-void Zero3::setLr(double lr) { adam_->setLr(lr); }
+void ShardedOptimizer::setLr(double lr) { adam_->setLr(lr); }
 
 // ---------------------------------------------------------------------------- gather/release
-void Zero3::prefetch(int group) {
+void ShardedOptimizer::prefetch(int group) {
   if (o_.stage < 3) return;  // parameters are whole
   const int W = world_->size();
   auto& pend = pendingGathers_[group];
@@ -187,7 +215,7 @@ void Zero3::prefetch(int group) {
   ledger_.gatheredPeakBytes = std::max(ledger_.gatheredPeakBytes, ledger_.gatheredBytes);
 }
 
-void Zero3::gather(int group) {
+void ShardedOptimizer::gather(int group) {
   if (o_.stage < 3) return;
   prefetch(group);  // starts whatever is not gathered or in flight
   for (auto& pg : pendingGathers_[group]) {
@@ -199,7 +227,7 @@ void Zero3::gather(int group) {
   pendingGathers_[group].clear();
 }
 
-void Zero3::releaseAll() {
+void ShardedOptimizer::releaseAll() {
   for (size_t g = 0; g < groupParams_.size(); ++g) {
     for (auto& pg : pendingGathers_[g]) pg.work.wait();  // never drop an in-flight collective
     if (!pendingGathers_[g].empty()) gather(static_cast<int>(g));
@@ -207,7 +235,7 @@ void Zero3::releaseAll() {
   }
 }
 
-void Zero3::release(int group) {
+void ShardedOptimizer::release(int group) {
   if (o_.stage < 3) return;
   for (int i : groupParams_[group]) {
     auto& pi = params_[i];
@@ -217,7 +245,7 @@ void Zero3::release(int group) {
   }
 }
 
-std::vector<at::Tensor> Zero3::fullParameters() {
+std::vector<at::Tensor> ShardedOptimizer::fullParameters() {
   const int W = partitions();
   std::vector<at::Tensor> out;
   for (auto& pi : params_) {
@@ -231,7 +259,7 @@ std::vector<at::Tensor> Zero3::fullParameters() {
 }
 
 // ---------------------------------------------------------------------------- checkpoint state
-std::vector<StateShard> Zero3::stateShards() {
+std::vector<StateShard> ShardedOptimizer::stateShards() {
   std::vector<StateShard> out;
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& pi = params_[i];
@@ -244,14 +272,14 @@ std::vector<StateShard> Zero3::stateShards() {
   return out;
 }
 
-int64_t Zero3::adamStepCount() const {
+int64_t ShardedOptimizer::adamStepCount() const {
   int64_t step = subGroups_.empty() ? 0 : adam_->stepCount(subGroups_[0].adamGroup);
   for (const auto& sg : subGroups_)
     LT_ASSERT(adam_->stepCount(sg.adamGroup) == step, "sub-groups disagree on the Adam step count");
   return step;
 }
 
-void Zero3::resetState(int64_t adamStep, int64_t skippedSteps) {
+void ShardedOptimizer::resetState(int64_t adamStep, int64_t skippedSteps) {
   releaseAll();
   for (auto& sg : subGroups_) {
     sg.master.zero_();
@@ -266,13 +294,13 @@ void Zero3::resetState(int64_t adamStep, int64_t skippedSteps) {
   bf16Stale_ = true;
 }
 
-void Zero3::refreshBf16Copies() {
+void ShardedOptimizer::refreshBf16Copies() {
   for (auto& sg : subGroups_)
     if (sg.masterBf16.defined()) sg.masterBf16.copy_(sg.master);  // to nearest even, as Adam rounds
   bf16Stale_ = false;
 }
 
-void Zero3::syncParameters() {
+void ShardedOptimizer::syncParameters() {
   if (bf16Stale_) refreshBf16Copies();
   if (!replicasStale_) return;
   gatherReplicas();
@@ -281,7 +309,7 @@ void Zero3::syncParameters() {
 
 // Runs of whole parameters whose W gathered chunks hold at most maxElements (at least one
 // parameter each: a bigger one travels alone).
-std::vector<Zero3::Run> Zero3::runs(const SubGroup& sg, int64_t maxElements, bool byDtype) const {
+std::vector<ShardedOptimizer::Run> ShardedOptimizer::runs(const SubGroup& sg, int64_t maxElements, bool byDtype) const {
   const int64_t W = partitions();
   std::vector<Run> out;
   for (int k = 0; k < static_cast<int>(sg.params.size()); ++k) {
@@ -297,7 +325,7 @@ std::vector<Zero3::Run> Zero3::runs(const SubGroup& sg, int64_t maxElements, boo
   return out;
 }
 
-comm::Work Zero3::issue(comm::Work w) {
+comm::Work ShardedOptimizer::issue(comm::Work w) {
   if (!o_.overlapComm) w.wait();
   return w;
 }
@@ -305,7 +333,7 @@ comm::Work Zero3::issue(comm::Work w) {
 // Stages 1 and 2: every rank's updated master chunks (bf16 copies for bf16 parameters),
 // all-gathered run by run (one in flight while the previous one is copied out) into the full
 // parameters.
-void Zero3::gatherReplicas() {
+void ShardedOptimizer::gatherReplicas() {
   const int W = world_->size();
   struct InFlight {
     const SubGroup* sg;
@@ -336,7 +364,7 @@ void Zero3::gatherReplicas() {
 }
 
 // ---------------------------------------------------------------------------- gradients
-void Zero3::reduceGrads(int group, bool boundary) {
+void ShardedOptimizer::reduceGrads(int group, bool boundary) {
   if (!handsOver(boundary)) return;
   boundary_ = boundary;
   for (int i : groupParams_[group]) {
@@ -349,19 +377,19 @@ void Zero3::reduceGrads(int group, bool boundary) {
   pollReduces(false);
 }
 
-bool Zero3::handsOver(bool boundary) const {
+bool ShardedOptimizer::handsOver(bool boundary) const {
   if (o_.stage == 0 && world_->size() == 1) return false;  // nothing to reduce: the gradients are final
   return boundary || o_.stage >= 2;  // stages 0 and 1 accumulate whole until the boundary
 }
 
-void Zero3::finishBackward(bool boundary) {
+void ShardedOptimizer::finishBackward(bool boundary) {
   if (!handsOver(boundary)) return;
   buckets_->finish();
   buckets_->resetStep();
   pollReduces(false);
 }
 
-void Zero3::onBucket(int sgId, std::vector<GradItem>& items) {
+void ShardedOptimizer::onBucket(int sgId, std::vector<GradItem>& items) {
   if (o_.stage == 0) return allReduceInPlace(sgId);
   const int W = world_->size();
   auto& sg = subGroups_[sgId];
@@ -390,7 +418,7 @@ void Zero3::onBucket(int sgId, std::vector<GradItem>& items) {
 
 // Stage 0: the sub-group's gradient (the parameters' .grad are views of it) summed over the world
 // in place, in runs of at most reduce_bucket_size elements; finishReduce divides by the DP size.
-void Zero3::allReduceInPlace(int sgId) {
+void ShardedOptimizer::allReduceInPlace(int sgId) {
   auto& sg = subGroups_[sgId];
   const std::vector<Run> pieces = runs(sg, o_.reduceBucketSize, /*byDtype=*/false);
   for (size_t p = 0; p < pieces.size(); ++p) {
@@ -399,21 +427,21 @@ void Zero3::allReduceInPlace(int sgId) {
   }
 }
 
-void Zero3::pollReduces(bool block) {
+void ShardedOptimizer::pollReduces(bool block) {
   while (!pending_.empty() && (block || pending_.front().work.ready())) {
     PendingReduce r = pending_.pop();
     finishReduce(r);
   }
 }
 
-void Zero3::finishReduce(PendingReduce& r) {
+void ShardedOptimizer::finishReduce(PendingReduce& r) {
   r.work.wait();
   if (o_.stage == 0) r.recv.mul_(1.0 / dpSize_);  // reduced in place
   else subGroups_[r.subGroup].grad.narrow(0, r.offset, r.recv.numel()).add_(r.recv, 1.0 / dpSize_);
   if (r.boundary && r.last) gradFinal(r.subGroup);  // pieces finish in order
 }
 
-void Zero3::gradFinal(int sgId) {
+void ShardedOptimizer::gradFinal(int sgId) {
   auto& sg = subGroups_[sgId];
   if (inject_ && inject_->first == sgId) {
     sg.grad[0] = inject_->second;
@@ -426,21 +454,21 @@ void Zero3::gradFinal(int sgId) {
 }
 
 // ---------------------------------------------------------------------------- Adam
-void Zero3::stepSubGroup(int sgId) {
+void ShardedOptimizer::stepSubGroup(int sgId) {
   auto& sg = subGroups_[sgId];
   float *master = sg.master.data_ptr<float>(), *grad = sg.grad.data_ptr<float>();
   if (!sg.masterBf16.defined()) return adam_->step(sg.adamGroup, master, grad);
   adam_->stepBf16(sg.adamGroup, reinterpret_cast<uint16_t*>(sg.masterBf16.data_ptr<at::BFloat16>()), master, grad);
 }
 
-void Zero3::stepSpeculative(int sgId) {
+void ShardedOptimizer::stepSpeculative(int sgId) {
   auto& sg = subGroups_[sgId];
   if (!sg.shadowMaster.defined()) sg.shadowMaster = at::empty({sg.partNumel}, at::kFloat);
   adam_->stepSpeculative(sg.adamGroup, sg.master.data_ptr<float>(), sg.grad.data_ptr<float>(),
                          sg.shadowMaster.data_ptr<float>());
 }
 
-void Zero3::workerLoop() {
+void ShardedOptimizer::workerLoop() {
   if (!o_.workerCpus.empty()) {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -462,7 +490,7 @@ void Zero3::workerLoop() {
   }
 }
 
-void Zero3::drainResults(int expected) {
+void ShardedOptimizer::drainResults(int expected) {
   for (int k = 0; k < expected; ++k) {
     auto res = results_.popFor(o_.workerTimeout);
     if (!res) {
@@ -479,7 +507,7 @@ void Zero3::drainResults(int expected) {
 // The squared global norm, in float64 so it does not depend on the order of small sums. Stage 0
 // sums each parameter's gradient (every rank holds them all, reduced); stages 1-3 sum every
 // rank's partitions (disjoint) and add them over the world.
-double Zero3::squaredGradNorm() {
+double ShardedOptimizer::squaredGradNorm() {
   double sq = 0;
   if (o_.stage == 0) {
     for (auto& pi : params_) sq += pi.tensor.grad().to(at::kDouble).pow(2).sum().item<double>();
@@ -493,7 +521,7 @@ double Zero3::squaredGradNorm() {
 
 // Stage 0: the model's parameters and their gradients become views of the sub-groups' masters
 // and gradients, so Adam updates the model in place and the gradients are reduced in place.
-void Zero3::aliasReplicas() {
+void ShardedOptimizer::aliasReplicas() {
   for (auto& pi : params_) {
     auto& sg = subGroups_[pi.subGroup];
     pi.tensor.set_data(sg.master.narrow(0, pi.offset, pi.numel).view(pi.shape));
@@ -501,7 +529,7 @@ void Zero3::aliasReplicas() {
   }
 }
 
-ZeroStepResult Zero3::step() {
+ZeroStepResult ShardedOptimizer::step() {
   using Clock = std::chrono::steady_clock;
   auto t0 = Clock::now();
   pollReduces(/*block=*/true);
@@ -525,6 +553,7 @@ ZeroStepResult Zero3::step() {
       if (sg.masterBf16.defined()) sg.masterBf16.copy_(sg.master);  // the worker wrote fp32 only
     }
   }
+  if (o_.stage == 0 && res.speculated > res.rolledBack) aliasReplicas();  // the parameters view the new masters
   if (v.skip || v.clip)
     for (auto& sg : subGroups_) sg.speculated = false;
   if (v.skip) {

@@ -5,12 +5,13 @@
 // replica that step() refreshes by all-gathering the updated masters (DeepSpeed's fp16
 // partitions); stage 1 lets gradients accumulate whole until the step's last micro-batch and
 // reduce-scatters them once, stage 2 reduce-scatters every micro-batch as stage 3 does. One
-// class for the three: what differs is only where the full copies live. Parameters
+// class for the four stages, built by the same apply steps in the same order: what differs is
+// only where the full copies live. Parameters
 // are grouped, in model order, into optimizer sub-groups of at most sub_group_size elements
 // (a parameter is never split between sub-groups); each sub-group's fp32 master, gradient
 // and Adam state partitions are flat buffers.
 // - gather(g) all-gathers block g's parameters into full tensors; release(g) frees them
-//   (stage 3; no-ops at stages 1 and 2, whose parameters stay whole).
+//   (stage 3; no-ops at stages 0-2, whose parameters stay whole).
 // - reduceGrads(g) hands block g's full gradients to the IPG buckets (one per sub-group,
 //   waiting gradients in an O(1) Fifo); a completed bucket is reduce-scattered (async, in
 //   pieces of at most reduce_bucket_size elements) into the sub-group's gradient partition,
@@ -26,12 +27,12 @@
 // Gradients are summed over the world (SP ranks' partial gradients and DP ranks) and
 // divided by the DP size. Stage 0 is the replicated case: the state is partitioned over one
 // rank, the model's parameters and gradients are views of the sub-groups' flat buffers, and
-// the gradients are all-reduced in place instead of reduce-scattered.
-// Under bf16 GEMMs (Zero3Options::bf16Gathers), a parameter the model reads only through them (a Matrix)
-// travels as bf16: CPU Adam writes a bf16 rounding of the master beside it in the same pass (a
-// speculative step's is rounded at commit), gathers and replica refreshes move those copies
-// (half the bytes) and widen them to fp32 on
-// arrival (a stage 3 gather in its own buffer, so it takes no more memory than an fp32 one).
+// the gradients are all-reduced in place instead of reduce-scattered; with SuperOffload a
+// committed speculative step re-points the parameters at the new masters.
+// Under bf16 GEMMs (ShardedOptimizerOptions::bf16Gathers), a parameter the model reads only
+// through them (a Matrix) travels as bf16: CPU Adam writes a bf16 rounding of the master beside
+// it in the same pass (a speculative step's is rounded at commit), gathers and replica refreshes
+// move those copies (half the bytes) and widen them to fp32 on arrival (a stage 3 gather in its own buffer, so it takes no more memory than an fp32 one).
 // The GEMMs round their operands to bf16 anyway (to nearest even, as Adam does), so the result
 // is bit for bit that of gathering the fp32 masters. Gradients stay fp32 unless reduceBf16.
 #pragma once
@@ -60,7 +61,7 @@ namespace lt::zero {
 // run downwards, wave [lo, hi) with 2 lo >= hi writing only values earlier waves (or none) held.
 void widenBf16InPlace(const at::Tensor& buf, int64_t n);
 
-struct Zero3Options {
+struct ShardedOptimizerOptions {
   int stage = 3;                     // 0 (replicated, all-reduce), 1, 2 or 3
   int64_t subGroupSize = 1000000000;
   int64_t reduceBucketSize = 500000000;     // elements per reduce-scatter (whole parameters)
@@ -88,7 +89,7 @@ struct Zero3Options {
   // gets its share of them (pinned to the last of the CPUs when they are known) and the caller
   // keeps threads - workerCores. The per-parameter vectors are the caller's to fill.
   // bf16Gemms: the run plan's choice (the model's GEMMs run in bf16).
-  static Zero3Options from(const config::Config& cfg, bool bf16Gemms, int threads, const std::vector<int>& rankCpus);
+  static ShardedOptimizerOptions from(const config::Config& cfg, bool bf16Gemms, int threads, const std::vector<int>& rankCpus);
 };
 
 // Bytes this rank holds, by kind (the memory ledger).
@@ -113,12 +114,12 @@ struct ZeroStepResult {
   double workerAdamSeconds = 0;      // the worker's speculative Adam steps
 };
 
-class Zero3 {
+class ShardedOptimizer {
  public:
-  Zero3(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSize, Zero3Options o);
-  ~Zero3();
-  Zero3(const Zero3&) = delete;
-  Zero3& operator=(const Zero3&) = delete;
+  ShardedOptimizer(const model::Model& m, std::shared_ptr<comm::Comm> world, int dpSize, ShardedOptimizerOptions o);
+  ~ShardedOptimizer();
+  ShardedOptimizer(const ShardedOptimizer&) = delete;
+  ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
 
   // Makes group g's parameters whole: waits for a prefetch, or gathers now.
   void gather(int group);
@@ -201,6 +202,12 @@ class Zero3 {
     comm::Work work;
   };
 
+  // The construction steps, in their order (see the constructor).
+  void applyPartitioning(const model::Model& m);
+  void applyOptimizerState();
+  void applyOwnership();
+  void applyGradientBuckets();
+  void applyOffloadWorker();
   // byDtype: a run never mixes bf16 and fp32 parameters (gathers; a reduce-scatter's dtype is
   // the same for every parameter).
   std::vector<Run> runs(const SubGroup& sg, int64_t maxElements, bool byDtype) const;
@@ -225,7 +232,7 @@ class Zero3 {
 
   std::shared_ptr<comm::Comm> world_;
   int dpSize_;
-  Zero3Options o_;
+  ShardedOptimizerOptions o_;
   std::vector<ParamInfo> params_;
   std::vector<std::vector<int>> groupParams_;  // model group -> param indices
   std::vector<std::vector<PendingGather>> pendingGathers_;  // per group, from prefetch()
