@@ -13,18 +13,31 @@
 #include "longtrain/core/memory.h"
 #include "longtrain/kernels/isa.h"
 #include "longtrain/train/machine.h"
+#include "longtrain/train/peak_record.h"
 
 namespace lt::cli {
 
 namespace {
 
+// Each route's rate measured now, and the best this machine has recorded (what MFU is against).
 void printGemmPeaks() {
-  std::printf("gemm peak: %.1f GFLOP/s (fp32 through the BLAS, 1024^3, best of several)\n",
-              train::measureGemmPeakFlops() / 1e9);
-  std::printf("gemm peak onednn: %.1f GFLOP/s (fp32, oneDNN's sgemm; model.gemm \"auto\" takes it where the BLAS kernel is below the CPU)\n",
-              train::measureGemmPeakFlops(kernels::GemmRoute::OneDnn) / 1e9);
-  std::printf("gemm peak bf16: %.1f GFLOP/s (oneDNN's bf16 matmul, fp32 result; bf16.enabled uses it only where it is faster)\n",
-              train::measureGemmPeakFlops(kernels::GemmRoute::Bf16) / 1e9);
+  struct Route {
+    kernels::GemmRoute route;
+    const char* label;
+    const char* what;
+  };
+  const Route routes[] = {
+      {kernels::GemmRoute::Blas, "gemm peak", "fp32 through the BLAS"},
+      {kernels::GemmRoute::OneDnn, "gemm peak onednn",
+       "fp32, oneDNN's sgemm; model.gemm \"auto\" takes it where the BLAS kernel is below the CPU"},
+      {kernels::GemmRoute::Bf16, "gemm peak bf16",
+       "oneDNN's bf16 matmul, fp32 result; bf16.enabled uses it only where it is faster"}};
+  for (const auto& r : routes) {
+    const double now = train::measureGemmPeakFlops(r.route);
+    const train::GemmPeak best = train::robustGemmPeak(r.route, now, 0);
+    std::printf("%s: %.1f GFLOP/s (%s, 1024^3, best of several); MFU's peak: %.1f (%s)\n", r.label, now / 1e9, r.what,
+                best.flops / 1e9, best.source.c_str());
+  }
 }
 
 void checkGemms(const BlasKernelReport& blas) {
