@@ -126,6 +126,7 @@ int runTrain(int argc, char** argv, const TrainFlags& fl) {
   const config::Config cfg = config::parseConfig(j, world);
   if (!inRank)  // once per node: the launcher's, or the only process's
     for (const auto& line : cfg.notices) std::printf("longtrain: %s\n", line.c_str());
+  std::fflush(stdout);  // before any rank's output
   const std::string resume = checkBeforeLaunch(cfg, fl, inRank, world, nproc);
   if (!inRank && (nproc > 1 || fl.maxRestarts > 0 || fl.nnodes > 1 || !fl.masterAddr.empty()))
     return launchRanks(argc, argv, fl, cfg, nproc);

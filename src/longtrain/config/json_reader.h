@@ -31,6 +31,9 @@ class JsonReader {
   // problem (config/problems.h). Sub-readers share it. Without it, errors throw.
   void collectInto(std::shared_ptr<Problems> problems) { problems_ = std::move(problems); }
 
+  // Records `value` as what `key` resolved to (for keys a parser reads itself through find()).
+  void record(const std::string& key, const nlohmann::json& value) { recorded(key, value); }
+
   // Optional keys: absent or null gives `def`.
   int64_t getInt(const std::string& key, int64_t def, int64_t lo, int64_t hi);
   double getNum(const std::string& key, double def, double lo, double hi);

@@ -62,6 +62,7 @@ OptimizerConfig parseOptimizer(JsonReader o) {
     LT_CHECK(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1, p.name("betas"), " = ", b->dump(),
              " must lie in [0, 1)");
   }
+  p.record("betas", json::array({c.beta1, c.beta2}));
   c.eps = p.getNum("eps", c.eps, 0, 1);
   c.weightDecay = p.getNum("weight_decay", c.weightDecay, 0, 1e3);
   p.finish();
@@ -363,6 +364,11 @@ Config parseConfig(const json& given, int world) {
   root.collectInto(problems);
   Config c = parseSections(root, *problems);
   problems->throwIfAny();
+  // WarmupLR and WarmupDecayLR peak at the optimizer's lr unless warmup_max_lr says otherwise.
+  if (root.has("scheduler") && c.scheduler.type != SchedulerType::WarmupCosineLR && c.scheduler.warmupMaxLr < 0) {
+    c.scheduler.warmupMaxLr = c.optimizer.lr;
+    (*effective)["scheduler"]["params"]["warmup_max_lr"] = c.optimizer.lr;
+  }
   c.source = effectiveSource(given, c.model);
   // What parsing resolved after the reads: the tokenizer and EOS from init_from or the sidecar.
   (*effective)["data"]["tokenizer"] = c.data.tokenizer;

@@ -286,6 +286,10 @@ void printRunLine(const Engine& engine) {
                 "%lld steps run at the schedule's final lr; raise total_num_steps to stretch the schedule\n",
                 (long long)cfg.train.steps, (long long)sch.totalNumSteps,
                 (long long)(cfg.train.steps - sch.totalNumSteps));
+  if (sch.type != config::SchedulerType::Constant && sch.warmupNumSteps >= cfg.train.steps)
+    std::printf("longtrain: warning: scheduler.params.warmup_num_steps=%lld is not shorter than the run "
+                "(train.steps=%lld): the lr never reaches its peak\n",
+                (long long)sch.warmupNumSteps, (long long)cfg.train.steps);
 }
 
 void printBanner(const Engine& engine, double gemmPeak, const std::string& peakSource, double flopsPerToken,
