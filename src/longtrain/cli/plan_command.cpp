@@ -2,6 +2,7 @@
 // the ablation ladder's) and `longtrain config` (the config checked as train checks it, printed
 // with every default). Both read a config and run nothing. Non-obvious: plan assumes bf16 GEMMs
 // when bf16.enabled, while a run measures and may fall back to fp32 (plan says so).
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -75,10 +76,20 @@ void printMaxSeq(const config::Config& cfg, int world, int64_t budget) {
   std::printf("budget %.1f MiB per rank\n", mib(budget));
   std::string peak;
   const int64_t s = longestSeq(cfg, world, budget, &peak);
-  if (s > 0) std::printf("this config: longest seq_len %lld (predicted peak %s MiB)\n", (long long)s, peak.c_str());
+  // The plan's recompute choice is made against the budget: the run must be given the same one.
+  const std::string budgetSet = budget % 1048576 == 0 ? fmt::format("train.memory_budget={}MiB", budget / 1048576)
+                                                       : fmt::format("train.memory_budget={}", budget);
+  if (s > 0)
+    std::printf("this config: longest seq_len %lld (predicted peak %s MiB); run it with --set data.seq_len=%lld "
+                "--set %s%s\n",
+                (long long)s, peak.c_str(), (long long)s, budgetSet.c_str(),
+                cfg.activationCheckpointing == config::Recompute::Auto
+                    ? " (activation_checkpointing \"auto\" recomputes against that budget; without it the run "
+                      "budgets 90% of the host's memory, keeps more graphs and peaks higher)"
+                    : "");
   else std::printf("this config: nothing fits (the shortest seq_len %lld does not)\n", (long long)plan::minSeqLen(cfg));
-  std::printf("ablation ladder:\n  %-28s %5s %9s %9s  %s\n", "rung", "ranks", "seq_len", "peak_MiB",
-              "options (--nproc ranks --set ...)");
+  std::printf("ablation ladder (each row also needs --set %s):\n  %-28s %5s %9s %9s  %s\n", budgetSet.c_str(), "rung",
+              "ranks", "seq_len", "peak_MiB", "options (--nproc ranks --set ...)");
   for (const auto& r : plan::ablationLadder(cfg)) {
     std::string opts;
     for (const auto& o : r.sets) opts += (opts.empty() ? "" : " ") + o;
