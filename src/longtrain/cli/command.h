@@ -33,13 +33,26 @@ Command plotCommand(CLI::App& app);
 Command infoCommand(CLI::App& app);
 
 // A flag that takes an option enum's names (config/options.h), `accepted` of them (empty: all).
+// Non-obvious: CLI11 reads an enum from its integer, so the validator rewrites the name to it;
+// a name outside the set is refused in longtrain's words, not CLI11's.
 template <class E>
-CLI::CheckedTransformer optionChoices(std::initializer_list<E> accepted = {}) {
+CLI::Validator optionChoices(std::initializer_list<E> accepted = {}) {
   std::map<std::string, E> names;
+  std::string shown;  // "{a, b}"
   for (const auto& [value, name] : config::OptionNames<E>::kAll)
-    if (accepted.size() == 0 || std::find(accepted.begin(), accepted.end(), value) != accepted.end())
+    if (accepted.size() == 0 || std::find(accepted.begin(), accepted.end(), value) != accepted.end()) {
       names.emplace(name, value);
-  return CLI::CheckedTransformer(names);
+      shown += (shown.empty() ? "" : ", ") + std::string(name);
+    }
+  shown = "{" + shown + "}";
+  return CLI::Validator(
+      [names, shown](std::string& in) -> std::string {
+        const auto it = names.find(in);
+        if (it == names.end()) return "'" + in + "' is not one of " + shown;
+        in = std::to_string(static_cast<int>(it->second));
+        return "";
+      },
+      shown);
 }
 
 // --nproc wins; else the config's train.nproc (validated later by parseConfig); else 1.
