@@ -169,12 +169,27 @@ json ropeScalingJson(const RopeScaling& s) {
   return j;
 }
 
+namespace {
+HfLlamaConfig fromJson(const json& j, const std::string& file);  // config.json's fields, below
+}  // namespace
+
 HfLlamaConfig readHfLlamaConfig(const std::string& dir, const std::string& what) {
   const std::string file = (std::filesystem::path(dir) / "config.json").string();
   std::error_code ec;
   LT_CHECK(std::filesystem::is_directory(dir, ec), what, ": '", dir, "' is not a directory (give the ",
            "Hugging Face model directory that holds config.json and model.safetensors)");
   const json j = readObject(file, what);
+  try {  // a field of an unexpected type (model_type: {}) is named, not nlohmann's type_error
+    return fromJson(j, file);
+  } catch (const json::exception& e) {
+    LT_CHECK(false, "'", file, "' has a field of the wrong type (", e.what(), ")");
+  }
+  return {};
+}
+
+namespace {
+
+HfLlamaConfig fromJson(const json& j, const std::string& file) {
   HfLlamaConfig c;
   ModelConfig& m = c.model;
   m.vocabSize = intField(j, file, "vocab_size", 0, true);
@@ -199,6 +214,8 @@ HfLlamaConfig readHfLlamaConfig(const std::string& dir, const std::string& what)
   c.eosId = tokenId(j, "eos_token_id");
   return c;
 }
+
+}  // namespace
 
 namespace {
 

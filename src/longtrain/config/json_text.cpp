@@ -64,6 +64,8 @@ nlohmann::json parseJsonText(const std::string& text, const std::string& what, b
     if (const size_t colon = detail.find(": ", detail.find("parse error")); colon != std::string::npos)
       detail = detail.substr(colon + 2);
     LT_CHECK(false, what, " is not valid JSON: line ", w.line, ", column ", w.column, ": ", detail);
+  } catch (const nlohmann::json::exception& e) {  // a number too large for a double (1e99999)
+    LT_CHECK(false, what, " is not valid JSON: ", e.what());
   }
   return {};
 }

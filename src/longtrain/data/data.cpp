@@ -133,8 +133,8 @@ Sample TokenFileDataset::get(int64_t i) const {
     else if (bytesPerToken_ == 2) { uint16_t x; std::memcpy(&x, base + 2 * t, 2); v = x; }
     else std::memcpy(&v, base + 4 * t, 4);
     LT_CHECK(bytesPerToken_ == 1 || static_cast<int64_t>(v) < vocab_, w_.source, "='", path_, "': token ", v,
-             " at index ", window * seqLen_ + t, " is outside the model's vocabulary of ", vocab_, " tokens; check ",
-             w_.typeKey, " (uint16 vs uint32), and that the file was written with the model's tokenizer");
+             " at index ", window * seqLen_ + t, " is outside ", w_.vocabKey, "=", vocab_, "; check ", w_.typeKey,
+             " (uint16 vs uint32), and that the file was written with the model's tokenizer");
     s.ids[t] = v;
   }
   s.labels = s.ids;

@@ -80,11 +80,11 @@ class KvRecallDataset : public Dataset {
 // With packEos >= 0 each window is packed (packDocuments) at that separator. The dataset is
 // windows [firstWindow, firstWindow + numWindows) of the file (numWindows -1: to the end), so
 // a held-out split is a range the training range excludes.
-// Errors name the file, window length and dtype by the user's words: source (the key or flag
-// that gave the file), seqLenKey and typeKey.
+// Errors name the file, window length, dtype and vocabulary by the user's words: source (the
+// key or flag that gave the file), seqLenKey, typeKey and vocabKey.
 struct TokenWindows {
   int64_t packEos = -1, firstWindow = 0, numWindows = -1;
-  std::string source = "data.path", seqLenKey = "data.seq_len", typeKey = "data.type";
+  std::string source = "data.path", seqLenKey = "data.seq_len", typeKey = "data.type", vocabKey = "model.vocab_size";
 };
 class TokenFileDataset : public Dataset {
  public:

@@ -134,7 +134,7 @@ std::unique_ptr<data::TokenFileDataset> openWindows(const PositionLossOptions& o
   LT_CHECK(o.seqLen >= 2, o.seqLenKey, " ", o.seqLen, ": a window needs at least 2 tokens");
   auto file = std::make_unique<data::TokenFileDataset>(o.path, o.bytesPerToken, o.seqLen, vocabSize,
                                                        data::TokenWindows{o.packEos, 0, -1, o.source, o.seqLenKey,
-                                                                          o.typeKey});
+                                                                          o.typeKey, "the model's vocab_size"});
   LT_CHECK(file->size() > 0, o.source, " '", o.path, "' holds fewer than ", o.seqLenKey, " ", o.seqLen,
            " tokens: no whole window; give a shorter ", o.seqLenKey);
   return file;
