@@ -176,7 +176,7 @@ TEST_F(TwoHosts, PartitionRestartsAndFinishesExactly) {
   ASSERT_EQ(one.code, 0) << one.out;
   const auto a = losses(metrics), b = losses(dir_ / "one.jsonl");
   ASSERT_EQ(b.size(), 60u);
-  ASSERT_GT(a.size(), 60u) << r.out;  // the steps the partition cut short ran again
+  ASSERT_GE(a.size(), 60u) << r.out;  // and the steps after the resumed checkpoint again, if any ran
   EXPECT_EQ(a.back(), b.back()) << r.out;  // bit-identical final loss
 }
 
