@@ -131,7 +131,7 @@ Resumed saveThenResume(const Layout& a, const Layout& b, int k, int n, const fs:
   Resumed out;
   lt::testing::runRanks(b.world, b.sp, [&](int r, lt::comm::Groups& g) {
     lt::train::Engine e(lt::config::parseConfig(b.cfg, b.world), g);
-    lt::ckpt::Checkpoint c(lt::ckpt::resolve(root.string()));
+    lt::ckpt::Checkpoint c(lt::ckpt::resolve(root.string(), "--resume"));
     lt::ckpt::load(e, c);
     EXPECT_EQ(e.globalStep(), c.manifest().step);
     std::vector<double> losses;
@@ -368,7 +368,8 @@ TEST(Checkpoint, CorruptTruncatedOrMissingFilesAreRefusedByName) {
   std::ofstream(dir + "/manifest.json") << "{\"format\": \"longtrain-checkpoint\", \"version\": 1, \"st";
   e = errorOf([&] { lt::ckpt::Checkpoint c(dir); });
   EXPECT_NE(e.find("not valid JSON"), std::string::npos) << e;
-  EXPECT_NE(errorOf([&] { lt::ckpt::resolve((root / "nothing").string()); }).find("no complete checkpoint"),
+  fs::create_directories(root / "nothing");
+  EXPECT_NE(errorOf([&] { lt::ckpt::resolve((root / "nothing").string(), "--resume"); }).find("no complete checkpoint"),
             std::string::npos);
 }
 
@@ -395,7 +396,7 @@ TEST(Checkpoint, AnotherModelOrBatchSizeIsRefusedNamingTheKey) {
     e.step();
     lt::ckpt::save(e, root.string(), 0);
   });
-  lt::ckpt::Checkpoint c(lt::ckpt::resolve(root.string()));
+  lt::ckpt::Checkpoint c(lt::ckpt::resolve(root.string(), "--resume"));
   json other = baseConfig();
   other["model"]["intermediate_size"] = 64;
   json batch = baseConfig();
@@ -463,7 +464,7 @@ TEST(Export, ConsolidatedHuggingFaceFileFromZeroShards) {
       }
     });
     auto out = (root / "model.safetensors").string();
-    lt::ckpt::exportModel(lt::ckpt::Checkpoint(lt::ckpt::resolve(root.string())), out);
+    lt::ckpt::exportModel(lt::ckpt::Checkpoint(lt::ckpt::resolve(root.string(), "--resume")), out);
     std::map<std::string, std::vector<int64_t>> want{
         {"model.embed_tokens.weight", {64, 32}}, {"model.norm.weight", {32}}};
     if (!tied) want["lm_head.weight"] = {64, 32};

@@ -4,7 +4,9 @@
 // truncations, splices, and JSON-level replacements of any value with any type). Each input
 // must be accepted, or refused with an lt::Error; any other exception fails the test and
 // prints the input. A crash or hang fails the test binary (ctest's timeout). Seeds are fixed,
-// so a failure reproduces; LONGTRAIN_FUZZ_SCALE multiplies the input counts.
+// so a failure reproduces; LONGTRAIN_FUZZ_SCALE multiplies the input counts. Issue 33's
+// classes too: every JSON file reader against deep nesting, mutations and non-regular files,
+// and every count key at the top of its range.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -12,10 +14,19 @@
 #include <filesystem>
 #include <fstream>
 
+#include <sys/stat.h>
+
 #include "longtrain/ckpt/checkpoint.h"
+#include "longtrain/ckpt/hf_llama.h"
+#include "longtrain/ckpt/manifest.h"
 #include "longtrain/ckpt/safetensors.h"
+#include "longtrain/config/hf_llama_config.h"
+#include "longtrain/config/token_sidecar.h"
 #include "longtrain/core/check.h"
 #include "longtrain/data/data.h"
+#include "longtrain/data/tokenizer.h"
+#include "longtrain/plan/preflight.h"
+#include "longtrain/report/plot.h"
 #include "longtrain/train/engine.h"
 #include "testing.h"
 
@@ -319,6 +330,127 @@ TEST(Fuzz, TokenFileReader) {
       }
     };
     if (!survives(read, "token file", content.substr(0, 64), &t.rejected)) return;
+  }
+}
+
+// Every JSON file the program reads, each through its own reader: a file nested 100,000 deep is
+// refused naming the depth (not SIGSEGV), and a FIFO, a directory or a device in its place is
+// refused at once (a FIFO's open would block: the ctest timeout fails that).
+struct JsonReader {
+  std::string name, file;                  // file: its path under the test's directory
+  std::function<void(const fs::path&)> read;  // reads the directory's `file`
+};
+
+std::vector<JsonReader> jsonReaders() {
+  return {
+      {"token sidecar", "t.bin.json", [](const fs::path& d) { (void)lt::config::readTokenSidecar((d / "t.bin").string()); }},
+      {"HF config.json", "config.json", [](const fs::path& d) { (void)lt::config::readHfLlamaConfig(d.string()); }},
+      {"safetensors index", "model.safetensors.index.json",
+       [](const fs::path& d) { lt::ckpt::HfWeights w(d.string(), "model.init_from"); }},
+      {"tokenizer.json", "tokenizer.json", [](const fs::path& d) { lt::data::Tokenizer t((d / "tokenizer.json").string()); }},
+      {"checkpoint manifest", "manifest.json", [](const fs::path& d) { lt::ckpt::Checkpoint c(d.string()); }},
+      {"metrics JSONL", "m.jsonl", [](const fs::path& d) { (void)lt::report::readMetrics((d / "m.jsonl").string()); }},
+  };
+}
+
+TEST(Fuzz, JsonFileReadersRefuseDeepNestingAndIrregularFiles) {
+  Tally t{"json files"};
+  for (const auto& r : jsonReaders()) {
+    const fs::path d = lt::testing::freshTempDir(fs::path("longtrain_fuzz") / ("json_" + std::to_string(t.inputs)));
+    const fs::path f = d / r.file;
+    std::ofstream(f) << "{\"a\": " << std::string(100000, '[') << std::string(100000, ']') << "}\n";
+    std::string e = lt::testing::errorOf([&] { r.read(d); });
+    ++t.inputs, ++t.rejected;
+    EXPECT_NE(e.find("nested deeper than"), std::string::npos) << r.name << ": " << e;
+    for (const char* kind : {"fifo", "directory", "device"}) {
+      fs::remove_all(f);
+      const bool made = std::string(kind) == "fifo"        ? ::mkfifo(f.c_str(), 0600) == 0
+                        : std::string(kind) == "directory" ? fs::create_directory(f)
+                                                           : ::symlink("/dev/zero", f.c_str()) == 0;
+      ASSERT_TRUE(made) << kind;
+      e = lt::testing::errorOf([&] { r.read(d); });
+      ++t.inputs, ++t.rejected;
+      EXPECT_TRUE(e.find("is not a regular file") != std::string::npos || e.find("is a directory") != std::string::npos ||
+                  e.find("holds neither") != std::string::npos)
+          << r.name << " as a " << kind << ": " << e;
+    }
+  }
+}
+
+// Mutated token sidecars and Hugging Face config.json files: accepted, or refused with lt::Error.
+TEST(Fuzz, SidecarAndHfConfigReaders) {
+  Tally t{"sidecar+hf"};
+  const fs::path d = lt::testing::freshTempDir(fs::path("longtrain_fuzz") / "sidecar");
+  lt::config::TokenSidecar side;
+  side.dtype = "uint16", side.tokenizer = "/nonexistent/tokenizer.json", side.eosId = 2, side.tokens = 10;
+  const std::string sideText = lt::config::tokenSidecarJson(side);
+  std::ifstream hf(fs::path(LONGTRAIN_SOURCE_DIR) / "tests" / "fixtures" / "hf_llama" / "gqa_untied" / "config.json");
+  const std::string hfText((std::istreambuf_iterator<char>(hf)), std::istreambuf_iterator<char>());
+  Rng r{11};
+  for (int64_t i = 0; i < scaled(4000); ++i, ++t.inputs) {
+    const bool sidecar = i % 2 == 0;
+    const std::string& base = sidecar ? sideText : hfText;
+    std::string in;
+    if (i % 4 < 2) {
+      in = mutateBytes(base, r);
+    } else {
+      json j = json::parse(base);
+      for (int k = 0, m = 1 + static_cast<int>(r.below(3)); k < m; ++k) mutateJson(j, r);
+      in = j.dump();
+    }
+    std::ofstream(d / (sidecar ? "t.bin.json" : "config.json"), std::ios::trunc) << in;
+    auto read = [&] {
+      if (sidecar) (void)lt::config::readTokenSidecar((d / "t.bin").string());
+      else (void)lt::config::readHfLlamaConfig(d.string());
+    };
+    if (!survives(read, sidecar ? "sidecar" : "hf config.json", in, &t.rejected)) return;
+  }
+}
+
+// Every integer key at the top of its range (each alone in range, 2^50): refused with lt::Error
+// by parse, validate, the preflights or the engine, or else the engine builds, steps and
+// evaluates; never std::bad_alloc (or a hang: the ctest timeout).
+TEST(Fuzz, EveryCountKeyAtTheTopOfItsRange) {
+  Tally t{"counts"};
+  const std::vector<std::string> keys = {
+      "/train_batch_size", "/train_micro_batch_size_per_gpu", "/gradient_accumulation_steps", "/steps_per_print",
+      "/seed", "/zero_optimization/sub_group_size", "/zero_optimization/reduce_bucket_size",
+      "/zero_optimization/allgather_bucket_size", "/zero_optimization/stage3_prefetch_bucket_size",
+      "/zero_optimization/stage3_param_persistence_threshold", "/zero_optimization/stage3_max_live_parameters",
+      "/model/vocab_size", "/model/hidden_size", "/model/intermediate_size", "/model/attention_chunk",
+      "/model/loss_chunk", "/data/seq_len", "/data/num_samples", "/data/eval_samples", "/data/eos_id",
+      "/data/kv/num_pairs", "/data/kv/num_queries", "/data/kv/num_keys", "/data/kv/num_values", "/data/kv/num_noise",
+      "/train/steps", "/train/eval_every", "/train/sample_every"};
+  const int64_t big = int64_t{1} << 50;
+  for (const auto& key : keys) {
+    ++t.inputs;
+    json j = lt::testing::tinyTrainConfig();
+    j["data"]["eval_samples"] = 4;
+    j[json::json_pointer(key)] = big;
+    lt::config::Config cfg;
+    try {
+      cfg = lt::config::parseConfig(j, 1);
+      lt::plan::preflightCounts(cfg, 1);
+      lt::plan::preflightMemory(cfg, 1, 1);
+    } catch (const lt::Error&) {
+      ++t.rejected;
+      continue;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << key << ": escaped " << e.what();
+      continue;
+    }
+    try {  // an lt::Error here (the loader's "fewer than one global batch") is a refusal too
+      if (!lt::testing::errorOf([&] {
+            lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
+              lt::train::Engine e(cfg, g);
+              e.step();
+              (void)e.evaluate();
+            });
+          }).empty())
+        ++t.rejected;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << key << " = 2^50 passed the preflights, then escaped: " << e.what();
+    }
   }
 }
 

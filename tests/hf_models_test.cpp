@@ -50,7 +50,7 @@ void checkSequenceParallel(const std::string& name, int ringDegree) {
   lt::data::Batch whole;
   whole.input_ids = ref.ids, whole.labels = ref.labels, whole.position_ids = ref.pos;
   lt::testing::runRanks(2, 2, [&](int r, lt::comm::Groups& g) {
-    auto m = lt::ckpt::loadInferenceModel(dir.string());
+    auto m = lt::ckpt::loadInferenceModel(dir.string(), "generate MODEL");
     auto attn = lt::sp::sequenceParallelAttention(g.spUlysses, g.spRing, layout, r, lt::model::attentionCore(mc), 3,
                                                   nullptr, mc.slidingWindow);
     const auto shard = lt::sp::shardBatch(whole, r, layout);
@@ -114,7 +114,7 @@ TEST_P(HfModels, ExportRoundTripsTypeFieldsAndTensors) {
 // argmax of the training forward at every step.
 TEST_P(HfModels, GreedyDecodingEqualsTheArgmaxOfTheTrainingForward) {
   at::set_num_threads(1);
-  auto m = lt::ckpt::loadInferenceModel(fixture(GetParam()).string());
+  auto m = lt::ckpt::loadInferenceModel(fixture(GetParam()).string(), "generate MODEL");
   lt::testing::expectGreedyEqualsForwardArgmax(*m.model);
 }
 

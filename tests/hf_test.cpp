@@ -37,7 +37,7 @@ TEST(HfLoad, ZeroThreeRanksReadOnlyTheirSlicesAndGatherTheFile) {
   const fs::path dir = fixture("gqa_untied");
   json j = initFromConfig(dir);
   j["zero_optimization"] = {{"stage", 3}};
-  lt::ckpt::HfWeights w(dir.string());
+  lt::ckpt::HfWeights w(dir.string(), "model.init_from");
   lt::testing::runRanks(2, 1, [&](int, lt::comm::Groups& g) {
     lt::train::Engine e(lt::config::parseConfig(j, 2), g);
     auto params = e.fullParameters();
@@ -167,7 +167,7 @@ TEST(HfExport, ContextExtensionIsWhatExportWrites) {
     e.step();
     lt::ckpt::save(e, (root / "ckpt").string(), 0);
   });
-  lt::ckpt::Checkpoint c(lt::ckpt::resolve((root / "ckpt").string()));
+  lt::ckpt::Checkpoint c(lt::ckpt::resolve((root / "ckpt").string(), "--resume"));
   lt::ckpt::exportHfDirectory(c, (root / "hf").string(), {});
   const json cj = json::parse(std::ifstream(root / "hf" / "config.json"));
   EXPECT_EQ(cj["rope_theta"], 40000.0);
@@ -186,7 +186,7 @@ TEST(HfExport, ContextExtensionIsWhatExportWrites) {
 // over the prompt and the tokens generated so far.
 TEST(Generate, GreedyEqualsTheArgmaxOfTheTrainingForward) {
   at::set_num_threads(1);
-  auto m = lt::ckpt::loadInferenceModel(fixture("gqa_untied").string());
+  auto m = lt::ckpt::loadInferenceModel(fixture("gqa_untied").string(), "generate MODEL");
   lt::testing::expectGreedyEqualsForwardArgmax(*m.model);
   const std::vector<int64_t> prompt = {1, 7, 3, 22, 9};
   lt::model::SamplingOptions o;

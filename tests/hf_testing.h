@@ -82,7 +82,7 @@ inline ckpt::Checkpoint trainTwoStepsAndSave(const std::filesystem::path& dir, c
     e.step();
     ckpt::save(e, (root / "ckpt").string(), 0);
   });
-  return ckpt::Checkpoint(ckpt::resolve((root / "ckpt").string()));
+  return ckpt::Checkpoint(ckpt::resolve((root / "ckpt").string(), "--resume"));
 }
 
 // Greedy decoding of 12 tokens after a 5-token prompt with the KV cache picks, at every step, the

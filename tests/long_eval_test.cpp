@@ -85,7 +85,7 @@ void expectSame(const lt::train::PositionLoss& got, const lt::train::PositionLos
 TEST(LongEval, LossByPositionEqualsTheIndependentForward) {
   at::set_num_threads(1);
   const auto dir = lt::testing::freshTempDir("longtrain_long_eval");
-  auto m = lt::ckpt::loadInferenceModel(fixture("gqa_untied").string());
+  auto m = lt::ckpt::loadInferenceModel(fixture("gqa_untied").string(), "generate MODEL");
   const fs::path file = writeTokens(dir / "t.bin", 3 * 12 + 5, 40);
   lt::train::PositionLossOptions o;
   o.path = file.string(), o.seqLen = 12;
@@ -103,7 +103,7 @@ TEST(LongEval, LossByPositionEqualsTheIndependentForward) {
 TEST(LongEval, PackedDocumentsRestartPositionsAndMaskAcrossThem) {
   at::set_num_threads(1);
   const auto dir = lt::testing::freshTempDir("longtrain_long_eval_packed");
-  auto m = lt::ckpt::loadInferenceModel(fixture("gqa_untied").string());
+  auto m = lt::ckpt::loadInferenceModel(fixture("gqa_untied").string(), "generate MODEL");
   const fs::path file = writeTokens(dir / "t.bin", 2 * 12, 40, /*eos=*/3);
   lt::train::PositionLossOptions o;
   o.path = file.string(), o.seqLen = 12, o.packEos = 3;

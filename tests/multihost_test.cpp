@@ -1,6 +1,7 @@
 // Several hosts and the faults between them, through the CLI as a user runs it. Two hosts are
 // two network namespaces joined by a veth pair (scripts/netns_hosts.sh; root and iproute2's
-// `ip`); where they cannot be made the tests report SKIPPED with the reason, never passed.
+// `ip`; `tc` for a partition); where they cannot be made the tests report SKIPPED with the
+// reason, never passed.
 // The rest (job identity, a port another job holds, preemption) needs no namespace.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -142,6 +143,43 @@ TEST_F(TwoHosts, RestartOnEveryNodeResumesExactly) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(last[i], b[4 + i]) << "step " << 5 + i;
 }
 
+// A partition of three times train.comm_timeout_s mid-run (a zero-length tc queue on both
+// ends drops every packet, so no connection is reset, as in a real partition), with node 1
+// started well before node 0: both launchers wait out the partition (--rdzv-timeout), restart,
+// every node exits 0, and the final loss equals an uninterrupted run's bit for bit.
+TEST_F(TwoHosts, PartitionRestartsAndFinishesExactly) {
+  json j = smallConfig(60);
+  j["train"]["checkpoint"] = {{"dir", (dir_ / "ck").string()}, {"every_steps", 5}};
+  auto cfg = lt::testing::writeJsonFile(dir_.filename().string(), "c.json", j);
+  const std::string metrics = (dir_ / "m.jsonl").string(), n1 = (dir_ / "n1.log").string();
+  auto queues = [&](const std::string& verb) {
+    std::string cmd;
+    for (const char* h : {"a", "b"})
+      cmd += "ip netns exec " + name_ + h + " tc qdisc " + verb + " dev " + name_ + "v" + h + " root" +
+             (verb == "replace" ? " pfifo limit 0" : "") + "; ";
+    return cmd;
+  };
+  auto r = runScript("(" + node(1, cfg, "--max-restarts 2") + " > " + n1 + " 2>&1; echo \"node1 exit $?\" >> " + n1 +
+                     ") & sleep 4; (" + node(0, cfg, "--max-restarts 2 --metrics " + metrics) +
+                     "; echo \"node0 exit $?\") & for i in $(seq 1 600); do [ \"$(wc -l < " + metrics +
+                     " 2>/dev/null || echo 0)\" -ge 8 ] && break; sleep 0.1; done; " + queues("replace") +
+                     "echo partitioned; sleep 15; " + queues("del") + "echo healed; wait; cat " + n1);
+  EXPECT_NE(r.out.find("partitioned"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("node0 exit 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("node1 exit 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("retrying until --rdzv-timeout"), std::string::npos) << r.out;  // node 1 came first
+  EXPECT_NE(r.out.find("restarting the job"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("resume: from " + (dir_ / "ck").string()), std::string::npos) << r.out;  // not from step 0
+  json plain = smallConfig(60);
+  auto pcfg = lt::testing::writeJsonFile(dir_.filename().string(), "plain.json", plain);
+  auto one = runCommand(kBin + " train " + pcfg.string() + " --nproc 4 --metrics " + (dir_ / "one.jsonl").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  const auto a = losses(metrics), b = losses(dir_ / "one.jsonl");
+  ASSERT_EQ(b.size(), 60u);
+  ASSERT_GE(a.size(), 60u) << r.out;  // and the steps after the resumed checkpoint again, if any ran
+  EXPECT_EQ(a.back(), b.back()) << r.out;  // bit-identical final loss
+}
+
 // Two torchrun-style ranks, one with another --set: both stop before training, naming the key.
 TEST(JobIdentity, RanksThatDisagreeStopNamingTheKey) {
   auto dir = lt::testing::freshTempDir("longtrain_identity_" + std::to_string(::getpid()));
@@ -241,6 +279,20 @@ TEST(Preemption, SigintToOneRankStopsEveryRankAfterACheckpoint) {
   EXPECT_NE(p.result.out.find("exit 130"), std::string::npos) << p.result.out;
   EXPECT_NE(p.result.out.find("stop: Interrupt after step"), std::string::npos) << p.result.out;
   stepsCheckpointed(p);
+}
+
+// SIGINT to the launcher of a run with no train.checkpoint.dir: one line says the stop will not
+// checkpoint (never "then checkpointing" beside "no checkpoint"), however many ranks got it.
+TEST(Preemption, SigintWithoutCheckpointDirSaysSoOnce) {
+  auto p = preempt("nockpt", false, 5, "kill -INT $L; wait $L; echo \"exit $?\"");
+  const std::string& out = p.result.out;
+  EXPECT_NE(out.find("exit 130"), std::string::npos) << out;
+  size_t said = 0;
+  for (size_t at = out.find("stop requested"); at != std::string::npos; at = out.find("stop requested", at + 1)) ++said;
+  EXPECT_EQ(said, 1u) << out;
+  EXPECT_NE(out.find("then exiting without a checkpoint"), std::string::npos) << out;
+  EXPECT_EQ(out.find("then checkpointing"), std::string::npos) << out;
+  EXPECT_NE(out.find("no checkpoint (train.checkpoint.dir is not set)"), std::string::npos) << out;
 }
 
 // A second signal, more than a second after the first, ends the run at once. One rank is

@@ -295,7 +295,7 @@ TEST(RingResume, SameLayoutIsBitExactAndAnotherUxRStaysWithinTolerance) {
         lt::ckpt::save(e, root.string(), 0);
         return;
       }
-      lt::ckpt::load(e, lt::ckpt::Checkpoint(lt::ckpt::resolve(root.string())));
+      lt::ckpt::load(e, lt::ckpt::Checkpoint(lt::ckpt::resolve(root.string(), "--resume")));
       for (int s = k; s < n; ++s) {
         const double loss = e.step().loss;
         if (r == 0) losses.push_back(loss);

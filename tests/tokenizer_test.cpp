@@ -245,4 +245,33 @@ TEST_F(Tokenize, CommandLineTrainsThenTokenizes) {
   EXPECT_NE(r.out.find("is not an escape"), std::string::npos) << r.out;
 }
 
+// A run trained with a SentencePiece model exports it as tokenizer.model, beside a
+// tokenizer_config.json (which SentencePiece has none of: written) naming BOS and EOS, and
+// config.json carries their ids, so Hugging Face's AutoTokenizer loads the directory.
+TEST_F(Tokenize, ExportWritesTheTokenizerUnderItsStandardNames) {
+  const fs::path d = lt::testing::freshTempDir("longtrain_tokenizer_export_" + std::to_string(::getpid()));
+  auto r = lt::testing::runCommand(kBin + " tokenize --tokenizer " + modelPath().string() + " --split-on '%\\n' --out " +
+                                   (d / "d.bin").string() + " " + corpus_.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  nlohmann::json cfg = lt::testing::tinyTrainConfig();
+  cfg["model"]["vocab_size"] = kVocab;
+  cfg["data"] = {{"type", "uint16"}, {"path", (d / "d.bin").string()}, {"seq_len", 32}, {"tokenizer", modelPath().string()}};
+  cfg["train"] = {{"steps", 1}, {"checkpoint", {{"dir", (d / "ck").string()}, {"every_steps", 1}}}};
+  const fs::path cfgFile = lt::testing::writeJsonFile(d.filename().string(), "c.json", cfg);
+  r = lt::testing::runCommand(kBin + " train " + cfgFile.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = lt::testing::runCommand(kBin + " export " + (d / "ck").string() + " --out " + (d / "hf").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* f : {"tokenizer.model", "tokenizer_config.json", "config.json", "model.safetensors"})
+    EXPECT_TRUE(fs::is_regular_file(d / "hf" / f)) << f << "\n" << r.out;
+  const Tokenizer tok(modelPath().string());
+  std::ifstream tc(d / "hf" / "tokenizer_config.json"), cj(d / "hf" / "config.json");
+  const auto tokConfig = nlohmann::json::parse(tc), config = nlohmann::json::parse(cj);
+  EXPECT_EQ(tokConfig.value("tokenizer_class", ""), "LlamaTokenizer");
+  EXPECT_EQ(tokConfig.value("eos_token", ""), "</s>");
+  EXPECT_EQ(tokConfig.value("bos_token", ""), "<s>");
+  EXPECT_EQ(config.value("eos_token_id", int64_t{-1}), tok.eosId());
+  EXPECT_EQ(config.value("bos_token_id", int64_t{-1}), tok.bosId());
+}
+
 }  // namespace

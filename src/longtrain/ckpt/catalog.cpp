@@ -12,7 +12,9 @@
 #include <sstream>
 
 #include "longtrain/ckpt/safetensors.h"
+#include "longtrain/config/json_text.h"
 #include "longtrain/core/check.h"
+#include "longtrain/core/files.h"
 #include "longtrain/core/strings.h"
 
 namespace lt::ckpt {
@@ -63,16 +65,18 @@ void prune(const fs::path& root, int64_t keepLast, int64_t newest, const StageHo
 }
 
 
-void checkWritable(const std::string& root) {
+void checkWritable(const std::string& root, const std::string& what) {
   std::error_code ec;
+  LT_CHECK(!root.empty(), what, " is empty; give a directory");
+  LT_CHECK(!fs::exists(root, ec) || fs::is_directory(root, ec), what, "='", root, "' exists and is not a directory; ",
+           "give a directory (new or existing)");
   fs::create_directories(root, ec);
-  LT_CHECK(!ec, "train.checkpoint.dir='", root, "' cannot be created: ", ec.message(),
-           "; choose a directory this user can write");
+  LT_CHECK(!ec, what, "='", root, "' cannot be created: ", ec.message(), "; choose a directory this user can write");
   const fs::path probe = fs::path(root) / fmt::format(".longtrain-write-test-{}", ::getpid());
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   const int err = errno;
   if (fd >= 0) ::close(fd), ::unlink(probe.c_str());
-  LT_CHECK(fd >= 0, "train.checkpoint.dir='", root, "' is not writable: ", std::strerror(err),
+  LT_CHECK(fd >= 0, what, "='", root, "' is not writable: ", std::strerror(err),
            "; fix its permissions or mount, or choose another directory (found at start-up, before any step)");
 }
 
@@ -81,19 +85,28 @@ std::string findLatest(const std::string& root, const std::string& runId) {
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     if (!it->complete) continue;
     if (runId.empty()) return it->path.string();
-    std::ifstream in(it->path / kManifestFile);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+    const std::string manifest = (it->path / kManifestFile).string();
+    json j;
+    try {  // one that cannot be read or parsed is not this run's
+      j = config::parseJsonText(readInputFile(manifest, "'" + manifest + "'"), "'" + manifest + "'");
+    } catch (const Error&) {
+      continue;
+    }
     if (j.is_object() && j.value("run_id", std::string()) == runId) return it->path.string();
   }
   return "";
 }
 
-std::string resolve(const std::string& path) {
-  if (fs::exists(fs::path(path) / kManifestFile)) return path;
+std::string resolve(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  LT_CHECK(!path.empty(), what, " is empty; give a checkpoint directory");
+  LT_CHECK(fs::exists(path, ec), what, " '", path, "' does not exist (absolute: '", fs::absolute(path, ec).string(),
+           "')");
+  LT_CHECK(fs::is_directory(path, ec), what, " '", path, "' is not a directory; give a checkpoint directory (a step ",
+           "directory, or the root holding step-NNNNNNNN/ directories)");
+  if (fs::exists(fs::path(path) / kManifestFile, ec)) return path;
   std::string latest = findLatest(path);
-  LT_CHECK(!latest.empty(), "--resume: '", path, "' holds no complete checkpoint (a directory with ", kManifestFile,
+  LT_CHECK(!latest.empty(), what, " '", path, "' holds no complete checkpoint (a directory with ", kManifestFile,
            ", or step-NNNNNNNN/ directories holding one)");
   return latest;
 }

@@ -74,14 +74,15 @@ class AsyncSaver {
 
 // Creates `root` if missing and checks this process can write there; an lt::Error naming the
 // directory and the reason otherwise (start-up, so a read-only mount is found before step 1).
-void checkWritable(const std::string& root);
+// `what` names it as the user gave it ("train.checkpoint.dir", "export --out").
+void checkWritable(const std::string& root, const std::string& what);
 
 // The newest complete checkpoint under `root` ("" if none); with runId, the newest one that
 // launch wrote (a restart must not pick up another run's checkpoints).
 std::string findLatest(const std::string& root, const std::string& runId = "");
 // `path` itself if it holds a manifest, else the newest complete checkpoint under it; an
-// error naming `path` if there is none.
-std::string resolve(const std::string& path);
+// error naming `path` as `what` (the user's flag: "--resume", "export CKPT") if there is none.
+std::string resolve(const std::string& path, const std::string& what);
 
 // An opened checkpoint: manifest parsed, every file's size and CRC-32C verified.
 class Checkpoint {

@@ -12,6 +12,7 @@
 #include "longtrain/ckpt/checkpoint.h"
 #include "longtrain/core/check.h"
 #include "longtrain/config/hf_llama_config.h"
+#include "longtrain/config/json_text.h"
 #include "longtrain/config/parse.h"
 
 namespace lt::ckpt {
@@ -26,9 +27,8 @@ namespace {
 
 // Shard file names in the index's order of first appearance.
 std::vector<std::string> shardNames(const std::string& indexPath) {
-  std::ifstream f(indexPath);
-  json j = json::parse(f, nullptr, /*allow_exceptions=*/false);
-  LT_CHECK(!j.is_discarded() && j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), "'",
+  const json j = config::readJson(indexPath, "'" + indexPath + "'");
+  LT_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), "'",
            indexPath, "' is not a safetensors index (a JSON object with a \"weight_map\" of tensor name -> file)");
   std::vector<std::string> out;
   for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
@@ -55,15 +55,16 @@ std::string joinNames(const std::vector<std::string>& v) {
 
 }  // namespace
 
-HfWeights::HfWeights(const std::string& dir) : dir_(dir) {
+HfWeights::HfWeights(const std::string& dir, const std::string& what) : dir_(dir), what_(what) {
   const fs::path d(dir), index = d / "model.safetensors.index.json", single = d / "model.safetensors";
+  std::error_code ec;
   std::vector<std::string> names;
-  if (fs::exists(index)) names = shardNames(index.string());
-  else if (fs::exists(single)) names = {"model.safetensors"};
-  LT_CHECK(!names.empty(), "model.init_from: '", dir, "' has neither model.safetensors nor ",
+  if (fs::exists(index, ec)) names = shardNames(index.string());
+  else if (fs::exists(single, ec)) names = {"model.safetensors"};
+  LT_CHECK(!names.empty(), what_, ": '", dir, "' has neither model.safetensors nor ",
            "model.safetensors.index.json (a PyTorch .bin checkpoint must be converted to safetensors first)");
   for (const auto& n : names) {
-    LT_CHECK(fs::is_regular_file(d / n), "model.init_from: '", (d / n).string(), "' is named by the index but missing");
+    LT_CHECK(fs::is_regular_file(d / n, ec), what_, ": '", (d / n).string(), "' is named by the index but missing");
     files_.push_back(std::make_unique<SafetensorsFile>((d / n).string()));
     for (const auto& e : files_.back()->header().tensors) {
       where_.push_back({e.name, static_cast<int>(files_.size()) - 1});
@@ -71,7 +72,7 @@ HfWeights::HfWeights(const std::string& dir) : dir_(dir) {
   }
   std::sort(where_.begin(), where_.end());
   for (size_t i = 1; i < where_.size(); ++i)
-    LT_CHECK(where_[i].first != where_[i - 1].first, "model.init_from: tensor '", where_[i].first,
+    LT_CHECK(where_[i].first != where_[i - 1].first, what_, ": tensor '", where_[i].first,
              "' appears in two shards of '", dir, "'");
 }
 
@@ -84,7 +85,7 @@ int HfWeights::fileIndexOf(const std::string& name) const {
 
 const SafetensorsFile& HfWeights::fileOf(const std::string& name) const {
   const int f = fileIndexOf(name);
-  LT_CHECK(f >= 0, "model.init_from: '", dir_, "' has no tensor '", name, "'");
+  LT_CHECK(f >= 0, what_, ": '", dir_, "' has no tensor '", name, "'");
   return *files_[f];
 }
 
@@ -110,7 +111,7 @@ void HfWeights::check(const std::vector<ExpectedTensor>& expected, bool tied) co
   if (!missing.empty()) msg += "; missing: " + joinNames(missing);
   if (!unexpected.empty()) msg += "; unexpected: " + joinNames(unexpected);
   if (!misShaped.empty()) msg += "; wrong shape or dtype: " + joinNames(misShaped);
-  LT_CHECK(msg.empty(), "model.init_from: the weights in '", dir_, "' do not fit the model its config.json (and ",
+  LT_CHECK(msg.empty(), what_, ": the weights in '", dir_, "' do not fit the model its config.json (and ",
            "the config's model section) describe", msg);
 }
 
@@ -139,22 +140,23 @@ std::vector<ExpectedTensor> expectedOf(const model::Model& m) {
 
 }  // namespace
 
-InferenceModel loadInferenceModel(const std::string& path) {
+InferenceModel loadInferenceModel(const std::string& path, const std::string& what) {
   InferenceModel r;
-  if (fs::is_regular_file(fs::path(path) / "config.json")) {
-    model::ModelConfig mc = config::readHfLlamaConfig(path).model;
+  std::error_code ec;
+  if (fs::is_regular_file(fs::path(path) / "config.json", ec)) {
+    model::ModelConfig mc = config::readHfLlamaConfig(path, what).model;
     r.model = std::make_unique<model::Model>(mc, 0, /*initialize=*/false);
-    HfWeights w(path);
+    HfWeights w(path, what);
     const auto expected = expectedOf(*r.model);
     w.check(expected, mc.tieEmbeddings);
     auto params = r.model->parameters();
     for (size_t i = 0; i < params.size(); ++i) w.read(expected[i].name, 0, params[i].detach().view({-1}));
     for (const char* name : {"tokenizer.json", "tokenizer.model"})  // data::Tokenizer picks between them
-      if (fs::is_regular_file(fs::path(path) / name)) r.tokenizer = path;
+      if (fs::is_regular_file(fs::path(path) / name, ec)) r.tokenizer = path;
     r.describe = "Hugging Face model " + path;
     return r;
   }
-  Checkpoint c(resolve(path));
+  Checkpoint c(resolve(path, what));
   const config::Config cfg = checkpointConfig(c);
   r.model = std::make_unique<model::Model>(cfg.model, 0, /*initialize=*/false);
   auto params = r.model->parameters();
@@ -174,7 +176,7 @@ HfExportResult exportHfDirectory(const Checkpoint& c, const std::string& outDir,
   hc.model = cfg.model;
   hc.maxPositions = std::max(cfg.model.maxPositions, cfg.data.seqLen);
   hc.torchDtype = o.dtype == "bf16" ? "bfloat16" : "float32";
-  fs::create_directories(outDir);
+  checkWritable(outDir, "export --out");  // before any tensor is read
   HfExportResult r;
   std::vector<NamedTensor> ts;
   for (size_t i = 0; i < c.manifest().params.size(); ++i) {
@@ -185,11 +187,20 @@ HfExportResult exportHfDirectory(const Checkpoint& c, const std::string& outDir,
   r.tensors = static_cast<int64_t>(ts.size());
   r.bytes = writeSafetensors((fs::path(outDir) / "model.safetensors").string(), ts, {{"format", "pt"}}).bytes;
   for (const auto& [src, name] : o.tokenizerFiles) {
-    if (src.empty() || !fs::is_regular_file(src)) continue;
+    std::error_code ec;
+    if (src.empty() || !fs::is_regular_file(src, ec)) continue;
     const fs::path dst = fs::path(outDir) / name;
-    if (fs::exists(dst) && fs::equivalent(src, dst)) continue;
-    fs::copy_file(src, dst, fs::copy_options::overwrite_existing);
+    if (fs::exists(dst, ec) && fs::equivalent(src, dst, ec)) continue;
+    fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
+    LT_CHECK(!ec, "export: cannot copy '", src, "' to '", dst.string(), "': ", ec.message());
     r.copied.push_back(dst.filename().string());
+  }
+  const bool hasConfig = std::find(r.copied.begin(), r.copied.end(), "tokenizer_config.json") != r.copied.end();
+  if (!hasConfig && !o.tokenizerConfigJson.empty()) {
+    AtomicFile t((fs::path(outDir) / "tokenizer_config.json").string());
+    t.write(o.tokenizerConfigJson.data(), o.tokenizerConfigJson.size());
+    t.commit();
+    r.copied.push_back("tokenizer_config.json");
   }
   hc.bosId = o.bosId;
   hc.eosId = o.eosId;

@@ -24,8 +24,9 @@ struct ExpectedTensor {
 
 class HfWeights {
  public:
-  // Opens DIR's safetensors (the index's shards, or model.safetensors). Errors name the file.
-  explicit HfWeights(const std::string& dir);
+  // Opens DIR's safetensors (the index's shards, or model.safetensors). Errors name the file,
+  // and `what`: the key or flag that gave DIR ("model.init_from", "generate MODEL").
+  HfWeights(const std::string& dir, const std::string& what);
   ~HfWeights();
   // Every expected tensor present with its shape, and nothing else (rotary inv_freq buffers,
   // and lm_head.weight when `tied`, are allowed extras). Lists every missing, unexpected and
@@ -38,7 +39,7 @@ class HfWeights {
  private:
   int fileIndexOf(const std::string& name) const;  // -1: no such tensor
   const SafetensorsFile& fileOf(const std::string& name) const;
-  std::string dir_;
+  std::string dir_, what_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::vector<std::pair<std::string, int>> where_;  // tensor name -> file index, sorted by name
 };
@@ -55,6 +56,8 @@ struct HfExportOptions {
   };
   std::vector<TokenizerFile> tokenizerFiles;
   int64_t bosId = -1, eosId = -1;  // the tokenizer's, recorded in config.json (-1: not written)
+  // Written as tokenizer_config.json where tokenizerFiles brings none ("": nothing written).
+  std::string tokenizerConfigJson;
 };
 struct HfExportResult {
   int64_t tensors = 0, parameters = 0, bytes = 0;
@@ -71,7 +74,7 @@ struct InferenceModel {
   bool promptAfterEos = false;
   std::string describe;   // where it came from, for the user
 };
-InferenceModel loadInferenceModel(const std::string& path);
+InferenceModel loadInferenceModel(const std::string& path, const std::string& what);  // what: "generate MODEL"
 
 // Writes a checkpoint's model as a Hugging Face Llama directory `outDir` (created if needed):
 // config.json from the checkpoint's config, model.safetensors, and the tokenizer files.

@@ -15,6 +15,7 @@
 #include "longtrain/ckpt/checkpoint.h"
 #include "longtrain/ckpt/safetensors.h"
 #include "longtrain/core/check.h"
+#include "longtrain/core/files.h"
 #include "longtrain/core/crc32c.h"
 #include "longtrain/core/partition.h"
 
@@ -25,11 +26,10 @@ using json = nlohmann::json;
 
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   const fs::path mp = fs::path(dir) / kManifestFile;
-  std::ifstream in(mp, std::ios::binary);
-  LT_CHECK(in.good(), "'", dir, "' is not a complete checkpoint: it has no ", kManifestFile);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  m_ = parseManifest(ss.str(), fmt::format("'{}'", mp.string()));
+  std::error_code ec;
+  LT_CHECK(fs::exists(mp, ec), "'", dir, "' is not a complete checkpoint: it has no ", kManifestFile);
+  const std::string what = fmt::format("'{}'", mp.string());
+  m_ = parseManifest(readInputFile(mp.string(), what), what);
   for (const auto& f : m_.files) {
     const std::string p = (fs::path(dir) / f.name).string();
     struct stat st{};

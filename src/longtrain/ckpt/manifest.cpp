@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "longtrain/config/json_reader.h"
+#include "longtrain/config/json_text.h"
 #include "longtrain/core/check.h"
 
 namespace lt::ckpt {
@@ -116,8 +117,7 @@ void parseLayout(config::JsonReader lay, const std::string& what, Manifest& m) {
 }  // namespace
 
 Manifest parseManifest(const std::string& text, const std::string& what) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  LT_CHECK(!j.is_discarded(), what, ": not valid JSON (a truncated or corrupt manifest)");
+  const json j = config::parseJsonText(text, what);  // depth and syntax checked, with line and column
   LT_CHECK(j.is_object(), what, ": not a JSON object");
   config::JsonReader top(&j, "", what + ": field");
   const std::string format = top.requireString("format");

@@ -12,7 +12,9 @@
 #include <cstring>
 #include <filesystem>
 
+#include "longtrain/config/json_text.h"
 #include "longtrain/core/check.h"
+#include "longtrain/core/files.h"
 #include "longtrain/core/crc32c.h"
 
 namespace lt::ckpt {
@@ -142,6 +144,7 @@ SafetensorsHeader parseSafetensors(const uint8_t* data, size_t size, const std::
   LT_CHECK(n <= kMaxHeader && n <= size - 8, what, ": header length ", n, " does not fit the file (",
            size, " bytes); the file is truncated or not safetensors");
   json h;
+  config::checkJsonDepth(std::string(reinterpret_cast<const char*>(data) + 8, n), what + ": header");
   try {
     h = json::parse(data + 8, data + 8 + n);
   } catch (const std::exception& e) {
@@ -207,8 +210,7 @@ SafetensorsHeader parseSafetensors(const uint8_t* data, size_t size, const std::
 
 SafetensorsFile::SafetensorsFile(const std::string& path, const std::function<void(const uint8_t*, size_t)>& verify)
     : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  LT_CHECK(fd >= 0, "cannot open '", path, "': ", std::strerror(errno));
+  int fd = openInputFile(path, "'" + path + "'");
   struct stat st{};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);

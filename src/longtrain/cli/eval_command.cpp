@@ -18,6 +18,7 @@
 #include "longtrain/comm/bring_up.h"
 #include "longtrain/comm/launch.h"
 #include "longtrain/core/check.h"
+#include "longtrain/core/memory.h"
 #include "longtrain/core/number_list.h"
 #include "longtrain/report/heatmap.h"
 #include "longtrain/train/long_eval.h"
@@ -128,13 +129,27 @@ void addEvalOptions(CLI::App* ev, EvalFlags& f) {
   ev->add_flag("--json", f.json, "print one JSON object (loss, tokens, loss_by_position, needle) instead of text");
 }
 
+// A prompt of L tokens keeps a KV cache of L x layers x 2 x kv heads x head_dim floats: each
+// --lengths entry must fit in half of what this process may use (a huge one is refused, not
+// std::bad_alloc).
+void checkKvCacheFits(const std::vector<int64_t>& lengths, const model::ModelConfig& c) {
+  const int64_t limit = rankMemoryLimitBytes(1);
+  if (limit <= 0) return;
+  const long double perToken = 4.0L * 2 * static_cast<long double>(c.layers * c.kvHeads * c.headDim());
+  for (int64_t l : lengths)
+    LT_CHECK(perToken * static_cast<long double>(l) <= limit / 2, "--lengths: a prompt of ", l, " tokens needs a ",
+             static_cast<int64_t>(perToken * static_cast<long double>(l) / (1 << 20)), " MiB KV cache, more than half ",
+             "of the ", limit / (1 << 20), " MiB this process may use; give at most ",
+             static_cast<int64_t>(static_cast<long double>(limit / 2) / perToken), " tokens");
+}
+
 int runEval(const EvalFlags& f, int argc, char** argv) {
   LT_CHECK(!f.data.empty() || f.needle, "eval needs --data F.bin --seq-len S, or --needle (or both)");
   LT_CHECK(f.nproc == 1 || !f.needle, "eval --needle runs in one process; run it without --nproc (--data may use it)");
   const bool inRank = std::getenv("WORLD_SIZE") != nullptr;
   if (f.nproc > 1 && !inRank) {
-    (void)ckpt::loadInferenceModel(f.model);  // a bad model or file fails here once, not once per rank
-    (void)positionOptions(f);
+    const auto m = ckpt::loadInferenceModel(f.model, "eval MODEL");  // a bad model or file fails here once,
+    train::checkPositionLossFile(positionOptions(f), m.model->config().vocabSize);  // not once per rank
     comm::LaunchOptions lo;
     lo.nprocPerNode = f.nproc;
     lo.grace = kRankTimeout;
@@ -144,7 +159,7 @@ int runEval(const EvalFlags& f, int argc, char** argv) {
   LT_CHECK(f.needle || (f.lengths.empty() && f.depths.empty() && f.out.empty()), "--lengths, --depths and --out ",
            "belong to --needle; add --needle");
   at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
-  auto m = ckpt::loadInferenceModel(f.model);
+  auto m = ckpt::loadInferenceModel(f.model, "eval MODEL");
   std::optional<train::SequenceParallel> sp;
   if (inRank) sp = rankGroups(m.model->config());  // sets this rank's share of the cores
   const bool rank0 = !sp || sp->groups.world->rank() == 0;
@@ -160,16 +175,17 @@ int runEval(const EvalFlags& f, int argc, char** argv) {
       if (b.tokens > 0) out["loss_by_position"].push_back({b.start, b.end, b.lossSum / static_cast<double>(b.tokens)});
   }
   if (f.needle) {
+    train::NeedleOptions o;
+    o.lengths = parseNumberList<int64_t>(f.lengths.empty() ? "1024" : f.lengths, "--lengths", "1024,4096");
+    for (int64_t l : o.lengths) LT_CHECK(l >= 64, "--lengths: ", l, " tokens cannot hold the prompt; give >= 64");
+    checkKvCacheFits(o.lengths, m.model->config());
     const std::string tokPath = f.tokenizer.empty() ? m.tokenizer : f.tokenizer;
     LT_CHECK(!tokPath.empty(), "eval --needle needs a tokenizer: ", f.model, " names none; give --tokenizer");
     const data::Tokenizer tok(tokPath);
     LT_CHECK(tok.vocabSize() <= m.model->config().vocabSize, "the tokenizer '", tok.path(), "' has ", tok.vocabSize(),
              " tokens, the model only ", m.model->config().vocabSize);
-    train::NeedleOptions o;
-    o.lengths = parseNumberList<int64_t>(f.lengths.empty() ? "1024" : f.lengths, "--lengths", "1024,4096");
     o.depths = parseNumberList<double>(f.depths.empty() ? "0,0.25,0.5,0.75,1" : f.depths, "--depths", "0,0.5,1");
     for (double d : o.depths) LT_CHECK(d >= 0 && d <= 1, "--depths: ", d, " is outside 0..1");
-    for (int64_t l : o.lengths) LT_CHECK(l >= 64, "--lengths: ", l, " tokens cannot hold the prompt; give >= 64");
     o.trials = f.trials, o.digits = f.digits, o.seed = f.seed;
     o.startToken = m.promptAfterEos ? tok.eosId() : tok.bosId();
     const auto cells = train::needleGrid(*m.model, tok, o);

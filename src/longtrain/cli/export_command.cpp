@@ -40,9 +40,11 @@ std::vector<TokenizerFile> runTokenizerFiles(const nlohmann::json& cfg) {
   std::vector<TokenizerFile> out;
   const auto add = [&](const fs::path& src, const std::string& name) {
     const bool taken = std::any_of(out.begin(), out.end(), [&](const auto& o) { return o.name == name; });
-    if (!taken && fs::is_regular_file(src)) out.push_back({src.string(), name});
+    std::error_code ec;
+    if (!taken && fs::is_regular_file(src, ec)) out.push_back({src.string(), name});
   };
-  if (const std::string given = runTokenizer(cfg); !given.empty() && fs::exists(given)) {
+  std::error_code ec;
+  if (const std::string given = runTokenizer(cfg); !given.empty() && fs::exists(given, ec)) {
     const data::Tokenizer tok(given);
     const bool json = tok.kind() == "tokenizer.json";
     add(tok.path(), json ? "tokenizer.json" : "tokenizer.model");
@@ -55,8 +57,25 @@ std::vector<TokenizerFile> runTokenizerFiles(const nlohmann::json& cfg) {
   return out;
 }
 
+// The tokenizer_config.json Hugging Face's AutoTokenizer needs beside a tokenizer that came
+// without one: its class, BOS, EOS and the longest sequence the run trained on.
+std::string tokenizerConfig(const data::Tokenizer& tok, const nlohmann::json& cfg) {
+  nlohmann::json j = {{"tokenizer_class", tok.kind() == "tokenizer.json" ? "PreTrainedTokenizerFast" : "LlamaTokenizer"}};
+  if (tok.bosId() >= 0) j["bos_token"] = tok.tokenText(tok.bosId());
+  if (tok.eosId() >= 0) j["eos_token"] = tok.tokenText(tok.eosId());
+  if (cfg.contains("data") && cfg["data"].is_object() && cfg["data"].contains("seq_len") &&
+      cfg["data"]["seq_len"].is_number_integer())
+    j["model_max_length"] = cfg["data"]["seq_len"];
+  return j.dump(2) + "\n";
+}
+
 int exportFile(const ckpt::Checkpoint& c, const ExportFlags& f, int64_t n) {
   LT_CHECK(f.dtype == "fp32", "export --dtype ", f.dtype, " is for a model directory; give --out DIR");
+  std::error_code ec;
+  LT_CHECK(!fs::is_directory(f.out, ec), "export --out '", f.out, "' is a directory; give a new file name ending in ",
+           ".safetensors, or a directory name without that ending for a model directory");
+  const fs::path parent = fs::path(f.out).parent_path();
+  ckpt::checkWritable(parent.empty() ? "." : parent.string(), "export --out's directory");
   ckpt::exportModel(c, f.out);
   std::printf("export: %s (step %lld) -> %s: %zu tensors, %.2fM parameters, fp32, Hugging Face names\n",
               c.dir().c_str(), (long long)c.manifest().step, f.out.c_str(), c.manifest().params.size(), n / 1e6);
@@ -72,6 +91,7 @@ int exportDirectory(const ckpt::Checkpoint& c, const ExportFlags& f) {
       const data::Tokenizer tok(t.source);
       o.bosId = tok.bosId();
       o.eosId = tok.eosId();
+      o.tokenizerConfigJson = tokenizerConfig(tok, c.manifest().config);
     }
   const auto r = ckpt::exportHfDirectory(c, f.out, o);
   std::string copied;
@@ -86,7 +106,7 @@ int exportDirectory(const ckpt::Checkpoint& c, const ExportFlags& f) {
 }
 
 int runExport(const ExportFlags& f) {
-  const ckpt::Checkpoint c(ckpt::resolve(f.ckpt));
+  const ckpt::Checkpoint c(ckpt::resolve(f.ckpt, "export CKPT"));
   int64_t n = 0;
   for (const auto& p : c.manifest().params) n += p.numel();
   const std::string suffix = ".safetensors";

@@ -45,7 +45,7 @@ std::vector<int64_t> promptIds(const GenerateFlags& f, const data::Tokenizer* to
 
 int runGenerate(GenerateFlags f) {
   at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
-  auto m = ckpt::loadInferenceModel(f.source);
+  auto m = ckpt::loadInferenceModel(f.source, "generate MODEL");
   const std::string tokPath = f.tokenizer.empty() ? m.tokenizer : f.tokenizer;
   std::unique_ptr<data::Tokenizer> tok;
   if (!tokPath.empty()) tok = std::make_unique<data::Tokenizer>(tokPath);

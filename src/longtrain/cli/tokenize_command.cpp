@@ -48,9 +48,10 @@ void printResult(const data::TokenizeResult& r, const std::string& out) {
               r.bytesRead / 1e6 / std::max(r.seconds, 1e-9), r.tokens / std::max(r.seconds, 1e-9));
   std::printf("  sidecar: %s.json (the tokenizer, its SHA-256, dtype and EOS: data.packing and eval read them)\n",
               out.c_str());
+  std::error_code ec;
   std::printf("  config: \"data\": {\"type\": \"%s\", \"path\": \"%s\", \"packing\": \"documents\"} with "
               "model.vocab_size >= %lld\n",
-              type, fs::absolute(out).string().c_str(), (long long)r.vocabSize);
+              type, fs::absolute(out, ec).string().c_str(), (long long)r.vocabSize);
 }
 
 int runTokenize(const TokenizeFlags& f) {

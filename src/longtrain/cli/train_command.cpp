@@ -19,6 +19,7 @@
 #include "longtrain/core/stop.h"
 #include "longtrain/offload/activation_file.h"
 #include "longtrain/plan/preflight.h"
+#include "longtrain/train/inputs.h"
 #include "longtrain/train/trainer.h"
 
 namespace lt::cli {
@@ -31,7 +32,7 @@ struct TrainFlags {
   int nproc = 0;  // per node; 0: the config's train.nproc
   int maxRestarts = 0;
   int nnodes = 1, nodeRank = 0, masterPort = 29500;
-  double rdzvTimeoutS = 300;
+  double rdzvTimeoutS = 900;  // torchrun's default
   std::string masterAddr, rdzvId;
   std::vector<std::string> sets;
   CLI::Option* resumeOption = nullptr;  // --resume given (with or without a directory)
@@ -82,7 +83,7 @@ train::TrainOptions trainOptions(const TrainFlags& fl, const std::string& resume
 
 // Inside a rank: bring it up, train, report.
 int runRank(const config::Config& cfg, const TrainFlags& fl, const std::string& resume) {
-  installStopHandlers();
+  installStopHandlers(!cfg.train.checkpoint.dir.empty(), comm::envInt("LOCAL_RANK", 0) == 0);
   comm::BringUpOptions bo;
   bo.sequenceParallel = cfg.sequenceParallelSize;
   bo.ringDegree = cfg.layout.R;
@@ -104,14 +105,16 @@ int runRank(const config::Config& cfg, const TrainFlags& fl, const std::string& 
 
 // What train refuses before launching: memory, the resume source, the directories it writes.
 std::string checkBeforeLaunch(const config::Config& cfg, const TrainFlags& fl, bool inRank, int world, int nproc) {
-  plan::preflightMemory(cfg, world, inRank ? comm::envInt("LOCAL_WORLD_SIZE", 1) : nproc);
+  const int localRanks = inRank ? comm::envInt("LOCAL_WORLD_SIZE", 1) : nproc;
+  plan::preflightCounts(cfg, localRanks);
+  plan::preflightMemory(cfg, world, localRanks);
   std::string resume = fl.resume;
   if (fl.resumeOption->count() > 0 && resume.empty()) {
     resume = cfg.train.checkpoint.dir;
     LT_CHECK(!resume.empty(), "--resume without a directory needs train.checkpoint.dir in the config");
   }
-  if (!resume.empty() && !inRank) (void)ckpt::resolve(resume);  // fail before launching anything
-  if (!inRank && !cfg.train.checkpoint.dir.empty()) ckpt::checkWritable(cfg.train.checkpoint.dir);
+  if (!resume.empty() && !inRank) (void)ckpt::resolve(resume, "--resume");  // fail before launching anything
+  if (!inRank && !cfg.train.checkpoint.dir.empty()) ckpt::checkWritable(cfg.train.checkpoint.dir, "train.checkpoint.dir");
   if (!inRank && !cfg.train.offloadDir.empty()) (void)offload::checkOffloadDir(cfg.train.offloadDir);
   LT_CHECK(fl.maxRestarts == 0 || !cfg.train.checkpoint.dir.empty(), "--max-restarts ", fl.maxRestarts,
            " needs train.checkpoint.dir (and every_steps), or a restart would start over from step 0");
@@ -128,8 +131,10 @@ int runTrain(int argc, char** argv, const TrainFlags& fl) {
     for (const auto& line : cfg.notices) std::printf("longtrain: %s\n", line.c_str());
   std::fflush(stdout);  // before any rank's output
   const std::string resume = checkBeforeLaunch(cfg, fl, inRank, world, nproc);
-  if (!inRank && (nproc > 1 || fl.maxRestarts > 0 || fl.nnodes > 1 || !fl.masterAddr.empty()))
+  if (!inRank && (nproc > 1 || fl.maxRestarts > 0 || fl.nnodes > 1 || !fl.masterAddr.empty())) {
+    train::checkInputs(cfg);  // once here, not once per rank
     return launchRanks(argc, argv, fl, cfg, nproc);
+  }
   return runRank(cfg, fl, resume);
 }
 
@@ -146,8 +151,9 @@ void addLaunchOptions(CLI::App* train, TrainFlags& fl) {
       ->check(CLI::Range(1, 65535));
   train->add_option("--rdzv-id", fl.rdzvId, "the job's id: a node started with another id is refused (torchrun's "
                                             "--rdzv-id); also the run id its checkpoints record");
-  train->add_option("--rdzv-timeout", fl.rdzvTimeoutS, "seconds a node waits for the others at each rendezvous "
-                                                       "(default 300)")->check(CLI::Range(1.0, 86400.0));
+  train->add_option("--rdzv-timeout", fl.rdzvTimeoutS, "seconds a node retries node 0's store and waits for "
+                                                       "the other nodes, at start and at each restart (default 900, "
+                                                       "torchrun's)")->check(CLI::Range(1.0, 86400.0));
 }
 
 }  // namespace

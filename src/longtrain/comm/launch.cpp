@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -79,202 +81,346 @@ bool isStopCode(int status) {
   return WIFEXITED(status) && (WEXITSTATUS(status) == 128 + SIGTERM || WEXITSTATUS(status) == 128 + SIGINT);
 }
 
-// This node's running ranks, for the store watchdog (the main thread keeps Attempt::pids).
-std::mutex gChildrenMutex;
-std::vector<pid_t> gChildren;
-void setChildren(const std::vector<pid_t>& pids) {
-  std::lock_guard<std::mutex> g(gChildrenMutex);
-  gChildren = pids;
+// Node 0's store did not answer a call in time, or its connection broke.
+struct StoreLost : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Runs f() on a thread of its own and waits at most `limit`: TCPStore's calls have no timeout,
+// and one sent into a network partition blocks until the link returns, or for good. A call
+// not done in time is abandoned (its thread keeps what f captured alive) and StoreLost thrown;
+// an exception f throws is rethrown as StoreLost with its first line.
+template <class F>
+auto withinLimit(F f, milliseconds limit, const std::string& what) -> decltype(f()) {
+  using R = decltype(f());
+  struct Pending {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    std::optional<R> value;
+    std::string error;
+  };
+  auto p = std::make_shared<Pending>();
+  std::thread([p, f = std::move(f)]() mutable {
+    std::optional<R> v;
+    std::string err;
+    try {
+      v.emplace(f());
+    } catch (const std::exception& e) {
+      err = firstLine(e.what());
+      while (!err.empty() && (err.back() == '.' || err.back() == ' ')) err.pop_back();
+    }
+    std::lock_guard<std::mutex> g(p->m);
+    p->value = std::move(v), p->error = err.empty() && !p->value ? "failed" : err, p->done = true;
+    p->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> l(p->m);
+  if (!p->cv.wait_for(l, limit, [&] { return p->done; }))
+    throw StoreLost(what + " does not answer within " + std::to_string(limit.count() / 1000) + " s");
+  if (!p->value) throw StoreLost(what + ": " + p->error);
+  return std::move(*p->value);
 }
 
-// TCPStore's reads have no timeout: a store call to a node 0 that vanished blocks for good.
-// The watchdog ends a launcher stuck in one for `limit`: its ranks get `grace` to fail on
-// their own (their heartbeats see the same), then are killed, and the launcher exits 1.
-class StoreWatchdog {
+// The launcher's connection to node 0's store. Node 0 hosts it and never loses it; another
+// node connects, and after a call that failed or did not answer, connects anew (a fresh
+// client: the old one may be blocked for good), retrying until a deadline, as torchrun's agent
+// retries its rendezvous until --rdzv-timeout.
+class StoreLink {
  public:
-  StoreWatchdog(std::string what, milliseconds limit, milliseconds grace) : what_(std::move(what)) {
-    std::thread([this, limit, grace] {
-      for (;;) {
-        std::this_thread::sleep_for(milliseconds(500));
-        const int64_t t = since_.load();
-        if (t != 0 && Clock::now().time_since_epoch().count() - t > std::chrono::nanoseconds(limit).count())
-          giveUp(grace);
+  explicit StoreLink(const LaunchOptions& o) : o_(o) {}
+  std::string where() const { return "node 0's store at " + o_.masterAddr + ":" + std::to_string(o_.masterPort); }
+  bool connected() const { return static_cast<bool>(store_); }
+
+  // Node 0: listens (lt::Error when the port is taken). Others: one try, at most `limit`.
+  void tryConnect(milliseconds limit) {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(o_.masterPort);
+    so.isServer = o_.nodeRank == 0;
+    so.waitWorkers = false;
+    so.timeout = limit;
+    if (o_.nodeRank == 0) {
+      try {
+        store_ = c10::make_intrusive<c10d::TCPStore>(o_.masterAddr, so);
+      } catch (const std::exception& e) {
+        LT_CHECK(false, "node 0 cannot listen on port ", o_.masterPort, ": ", firstLine(e.what()), " (port ",
+                 o_.masterPort, " is in use, by another job?); choose another --master-port");
       }
-    }).detach();
+      return;
+    }
+    const std::string addr = o_.masterAddr;
+    store_ = withinLimit([addr, so] { return c10::make_intrusive<c10d::TCPStore>(addr, so); },
+                         limit + milliseconds(2000), where());
   }
-  void begin() { since_.store(Clock::now().time_since_epoch().count()); }
-  void end() { since_.store(0); }
+
+  // Connects, retrying every second until `deadline`; says once that it waits, and when it
+  // got through. lt::Error at the deadline, naming the flag that sets it.
+  void connectBy(Clock::time_point deadline, const std::string& why) {
+    const auto t0 = Clock::now();
+    std::string lastError;
+    while (!connected()) {
+      try {
+        tryConnect(std::min<milliseconds>(milliseconds(3000), remaining(deadline)));
+      } catch (const StoreLost& e) {
+        if (lastError.empty())
+          std::fprintf(stderr, "longtrain launcher (node %d): %s: %s; retrying until --rdzv-timeout (%lld s)\n",
+                       o_.nodeRank, why.c_str(), e.what(), static_cast<long long>(o_.rdzvTimeout.count() / 1000));
+        lastError = e.what();
+        LT_CHECK(Clock::now() < deadline, "node ", o_.nodeRank, " cannot reach ", where(), " within --rdzv-timeout ",
+                 o_.rdzvTimeout.count() / 1000, " s: ", lastError, " (is node 0 started, and --master-addr its ",
+                 "address on a network this host shares? a longer partition needs a longer --rdzv-timeout)");
+        std::this_thread::sleep_for(std::min<milliseconds>(milliseconds(1000), remaining(deadline)));
+      }
+    }
+    if (!lastError.empty())
+      std::fprintf(stderr, "longtrain launcher (node %d): reached %s after %.0f s\n", o_.nodeRank, where().c_str(),
+                   std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+
+  // f(store) on the connection, within kCallLimit; StoreLost (and the connection dropped, so
+  // the next call connects anew) when it fails or does not answer.
+  template <class F>
+  auto call(F f) -> decltype(f(std::declval<c10d::TCPStore&>())) {
+    if (!connected()) throw StoreLost(where() + " is not connected");
+    auto s = store_;
+    try {
+      return withinLimit([s, f] { return f(*s); }, kCallLimit, where());
+    } catch (const StoreLost&) {
+      if (o_.nodeRank != 0) store_.reset();  // node 0's is the store itself
+      throw;
+    }
+  }
+
+  static milliseconds remaining(Clock::time_point deadline) {
+    return std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+  }
 
  private:
-  [[noreturn]] void giveUp(milliseconds grace) {
-    std::fprintf(stderr, "longtrain launcher: %s does not answer (its host is down, or the link to it); stopping "
-                 "this node's ranks\n", what_.c_str());
-    const auto deadline = Clock::now() + grace;
-    std::vector<pid_t> pids;
-    {
-      std::lock_guard<std::mutex> g(gChildrenMutex);
-      pids = gChildren;
-    }
-    for (bool any = true; any && Clock::now() < deadline;) {
-      any = false;
-      for (pid_t p : pids) any |= p > 0 && ::waitpid(p, nullptr, WNOHANG) == 0;
-      std::this_thread::sleep_for(milliseconds(50));
-    }
-    for (pid_t p : pids)
-      if (p > 0) ::kill(p, SIGKILL);
-    std::_Exit(1);
-  }
-  std::string what_;
-  std::atomic<int64_t> since_{0};
+  static constexpr milliseconds kCallLimit{5000};
+  const LaunchOptions& o_;
+  c10::intrusive_ptr<c10d::TCPStore> store_;
 };
 
 // ------------------------------------------------------------------ the nodes' rendezvous
-// Node 0 hosts the store; keys under lt/launch/. Every access that fails means node 0 (or
-// the way to it) is gone, and says so.
+// Node 0 hosts the store; keys under lt/launch/. A node that loses the store keeps its ranks
+// running (they fail on their own if the partition outlasts their collectives' timeout) and
+// reconnects at the next rendezvous, within --rdzv-timeout.
 class NodeStore {
  public:
-  explicit NodeStore(const LaunchOptions& o) : o_(o) {
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<uint16_t>(o.masterPort);
-    so.isServer = o.nodeRank == 0;
-    so.waitWorkers = false;
-    so.timeout = o.rdzvTimeout;
-    try {
-      store_ = c10::make_intrusive<c10d::TCPStore>(o.masterAddr, so);
-    } catch (const std::exception& e) {
-      LT_CHECK(o.nodeRank != 0, "node 0 cannot listen on port ", o.masterPort, ": ", firstLine(e.what()), " (port ",
-               o.masterPort, " is in use, by another job?); choose another --master-port");
-      LT_CHECK(false, "node ", o.nodeRank, " cannot reach node 0's store at ", where(), " within ",
-               o.rdzvTimeout.count() / 1000, " s: ", firstLine(e.what()), " (is node 0 started, and --master-addr ",
-               "its address on a network this host shares?)");
-    }
-    watchdog_ = std::make_unique<StoreWatchdog>("node 0's store at " + where(), milliseconds(10000), o.grace);
-    join();
+  explicit NodeStore(const LaunchOptions& o) : o_(o), link_(o) {
+    const auto deadline = Clock::now() + o.rdzvTimeout;
+    link_.connectBy(deadline, "starting");
+    join(deadline);
   }
   const std::string& runId() const { return runId_; }
 
-  // Every node's launcher arrives before any starts its ranks.
+  // Every node's launcher arrives before any starts its ranks; each waits up to --rdzv-timeout,
+  // reconnecting to node 0's store as often as it takes.
   void arrive(int attempt) {
-    const std::string a = attemptKey(attempt);
-    guarded([&] {
-      store_->set(a + "node" + std::to_string(o_.nodeRank), bytes("1"));
-      store_->add(a + "arrived", 1);
-      const auto deadline = Clock::now() + o_.rdzvTimeout;
-      while (store_->add(a + "arrived", 0) < o_.nnodes) {
-        LT_CHECK(Clock::now() < deadline, "attempt ", attempt, ": node(s) ", missingNodes(a, "node"),
-                 " did not arrive within ", o_.rdzvTimeout.count() / 1000, " s (not started, or down)");
-        watchdog_->begin();  // each poll is a call of its own
-        std::this_thread::sleep_for(milliseconds(50));
+    const std::string a = attemptKey(attempt), me = a + "node" + std::to_string(o_.nodeRank);
+    const auto deadline = Clock::now() + o_.rdzvTimeout;
+    std::vector<std::string> all;
+    for (int n = 0; n < o_.nnodes; ++n) all.push_back(a + "node" + std::to_string(n));
+    for (bool announced = false;;) {
+      try {
+        reconnect(deadline, "attempt " + std::to_string(attempt));
+        if (!announced) link_.call([me](c10d::TCPStore& s) { return s.set(me, bytes("1")), true; });
+        announced = true;
+        if (link_.call([all](c10d::TCPStore& s) { return s.check(all); })) return;
+      } catch (const StoreLost&) {
+        announced = false;  // set again on the new connection (idempotent)
       }
-    });
+      LT_CHECK(Clock::now() < deadline, "attempt ", attempt, ": node(s) ", missingNodes(all),
+               " did not arrive within --rdzv-timeout ", o_.rdzvTimeout.count() / 1000,
+               " s (not started, down, or cut off from node 0)");
+      std::this_thread::sleep_for(milliseconds(50));
+    }
   }
-  // Each launcher counts up its own key while it runs; one that stops counting is gone.
+  // Each launcher counts up its own key while it runs; one that stops counting is gone. While
+  // the store is lost, retried at most every 2 s (a try blocks up to its limit).
   void beat() {
-    guarded([&] { store_->add("lt/launch/hb" + std::to_string(o_.nodeRank), 1); });
+    if (!link_.connected() && Clock::now() < nextRetry_) return;
+    try {
+      reconnectOnce();
+      link_.call([k = beatKey(o_.nodeRank)](c10d::TCPStore& s) { return s.add(k, 1); });
+    } catch (const StoreLost& e) {
+      nextRetry_ = Clock::now() + milliseconds(2000);
+      noteLost(e.what());
+    }
   }
   void reportFailure(int attempt, const std::string& what) {
-    guarded([&] { store_->compareSet(attemptKey(attempt) + "failed", {}, bytes(what)); });
+    try {
+      reconnectOnce();
+      link_.call([k = attemptKey(attempt) + "failed", what](c10d::TCPStore& s) {
+        return s.compareSet(k, {}, bytes(what)), true;
+      });
+    } catch (const StoreLost& e) {
+      noteLost(e.what());
+    }
   }
   std::optional<std::string> failure(int attempt) {
-    std::optional<std::string> f;
-    guarded([&] {
-      const std::string k = attemptKey(attempt) + "failed";
-      if (store_->check({k})) f = text(store_->get(k));
-    });
-    return f;
+    if (!link_.connected()) return std::nullopt;
+    try {
+      return link_.call([k = attemptKey(attempt) + "failed"](c10d::TCPStore& s) {
+        return s.check({k}) ? std::optional<std::string>(text(s.get(k))) : std::nullopt;
+      });
+    } catch (const StoreLost& e) {
+      noteLost(e.what());
+      return std::nullopt;
+    }
   }
   // Records this node's outcome ("ok", "fail", "stop<signal>") and returns every node's, in
-  // node order; a node that does not report within `wait` counts as "fail (no report)".
+  // node order; a node that does not report within `wait` counts as "fail (...)", and so does
+  // every other node when node 0's store stays out of reach that long.
   std::vector<std::string> outcomes(int attempt, const std::string& mine, milliseconds wait) {
     std::vector<std::string> all(o_.nnodes, "fail (node did not report: down?)");
     const std::string a = attemptKey(attempt);
-    guarded([&] {
-      store_->set(a + "outcome" + std::to_string(o_.nodeRank), bytes(mine));
-      const auto deadline = Clock::now() + wait;
-      for (int n = 0; n < o_.nnodes; ++n) {
-        const std::string k = a + "outcome" + std::to_string(n), hb = "lt/launch/hb" + std::to_string(n);
-        int64_t lastBeat = -1;
-        auto lastChange = Clock::now();
-        while (!store_->check({k}) && Clock::now() < deadline) {
-          store_->add("lt/launch/hb" + std::to_string(o_.nodeRank), 1);
-          const int64_t b = store_->add(hb, 0);
-          if (b != lastBeat) lastBeat = b, lastChange = Clock::now();
-          if (Clock::now() - lastChange > milliseconds(3000)) {
-            all[n] = "fail (node " + std::to_string(n) + "'s launcher stopped: its host is down, or the link to it)";
-            break;
-          }
-          watchdog_->begin();
-          std::this_thread::sleep_for(milliseconds(50));
-        }
-        if (store_->check({k})) all[n] = text(store_->get(k));
+    const auto deadline = Clock::now() + wait;
+    for (;;) {
+      try {
+        reconnect(deadline, "reporting attempt " + std::to_string(attempt) + "'s outcome");
+        readOutcomes(a, mine, deadline, all);
+        return all;
+      } catch (const StoreLost& e) {
+        noteLost(e.what());
+      } catch (const lt::Error& e) {  // the deadline passed without the store
+        for (int n = 0; n < o_.nnodes; ++n)
+          if (n != o_.nodeRank) all[n] = "fail (" + link_.where() + " out of reach: " + firstLine(e.what()) + ")";
+        all[o_.nodeRank] = mine;
+        return all;
       }
-      // Node 0's launcher (the store) outlives every node's reading of the outcomes.
-      store_->add(a + "read", 1);
-      int reporting = 0;
-      for (int n = 0; n < o_.nnodes; ++n) reporting += all[n].rfind("fail (", 0) != 0;
-      const auto until = Clock::now() + milliseconds(10000);
-      while (o_.nodeRank == 0 && store_->add(a + "read", 0) < reporting && Clock::now() < until)
-        watchdog_->begin(), std::this_thread::sleep_for(milliseconds(20));
-    });
-    return all;
+    }
   }
 
  private:
   static std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
   static std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
   static std::string attemptKey(int a) { return "lt/launch/a" + std::to_string(a) + "/"; }
-  std::string where() const { return o_.masterAddr + ":" + std::to_string(o_.masterPort); }
+  static std::string beatKey(int n) { return "lt/launch/hb" + std::to_string(n); }
 
-  template <class F>
-  void guarded(F&& f) {
-    try {
-      watchdog_->begin();
-      f();
-      watchdog_->end();
-    } catch (const lt::Error&) {
-      watchdog_->end();
-      throw;
-    } catch (const std::exception& e) {
-      watchdog_->end();
-      LT_CHECK(false, "node 0's store at ", where(), " is unreachable from node ", o_.nodeRank, ": ",
-               firstLine(e.what()), " (node 0 is down, or the link to it)");
-    }
+  void noteLost(const std::string& why) {
+    if (!link_.connected() && !lostSaid_)
+      std::fprintf(stderr, "longtrain launcher (node %d): lost %s (%s); its ranks go on, and it reconnects\n",
+                   o_.nodeRank, link_.where().c_str(), why.c_str());
+    lostSaid_ = !link_.connected();
   }
-  std::string missingNodes(const std::string& prefix, const std::string& what) {
+  // Connects within `deadline` if the link is down, and checks the store is still this job's.
+  void reconnect(Clock::time_point deadline, const std::string& why) {
+    if (link_.connected()) return;
+    link_.connectBy(deadline, why);
+    checkSameJob();
+    lostSaid_ = false;
+  }
+  void reconnectOnce() {
+    if (link_.connected()) return;
+    link_.tryConnect(milliseconds(1500));
+    checkSameJob();
+    std::fprintf(stderr, "longtrain launcher (node %d): reconnected to %s\n", o_.nodeRank, link_.where().c_str());
+    lostSaid_ = false;
+  }
+  void checkSameJob() {
+    if (runId_.empty()) return;  // still joining: join() checks
+    const std::string id = o_.rdzvId.empty() ? "none" : o_.rdzvId;
+    const auto job = link_.call([](c10d::TCPStore& s) {
+      return s.check({"lt/launch/run_id"}) ? text(s.get("lt/launch/job")) + "\n" + text(s.get("lt/launch/run_id"))
+                                          : std::string("\n");
+    });
+    LT_CHECK(job == id + "\n" + runId_, "the store at ", link_.where(), " now serves another job ('",
+             job.substr(0, job.find('\n')), "'): node 0 was restarted on its own; restart every node");
+  }
+  void readOutcomes(const std::string& a, const std::string& mine, Clock::time_point deadline,
+                    std::vector<std::string>& all) {
+    const int me = o_.nodeRank;
+    link_.call([k = a + "outcome" + std::to_string(me), mine](c10d::TCPStore& s) { return s.set(k, bytes(mine)), true; });
+    for (int n = 0; n < o_.nnodes; ++n) {
+      const std::string k = a + "outcome" + std::to_string(n);
+      int64_t lastBeat = -1;
+      auto lastChange = Clock::now();
+      for (;;) {
+        const auto seen = link_.call([k, hb = beatKey(n), myBeat = beatKey(me)](c10d::TCPStore& s) {
+          s.add(myBeat, 1);
+          return std::make_pair(s.check({k}) ? std::optional<std::string>(text(s.get(k))) : std::nullopt,
+                                s.add(hb, 0));
+        });
+        if (seen.first) {
+          all[n] = *seen.first;
+          break;
+        }
+        if (seen.second != lastBeat) lastBeat = seen.second, lastChange = Clock::now();
+        if (Clock::now() - lastChange > milliseconds(3000)) {
+          all[n] = "fail (node " + std::to_string(n) + "'s launcher stopped: its host is down, or the link to it)";
+          break;
+        }
+        if (Clock::now() > deadline) break;
+        std::this_thread::sleep_for(milliseconds(50));
+      }
+    }
+    // Node 0's launcher (the store) outlives every node's reading of the outcomes.
+    link_.call([k = a + "read"](c10d::TCPStore& s) { return s.add(k, 1); });
+    int reporting = 0;
+    for (int n = 0; n < o_.nnodes; ++n) reporting += all[n].rfind("fail (", 0) != 0;
+    const auto until = Clock::now() + milliseconds(10000);
+    while (me == 0 && link_.call([k = a + "read"](c10d::TCPStore& s) { return s.add(k, 0); }) < reporting &&
+           Clock::now() < until)
+      std::this_thread::sleep_for(milliseconds(20));
+  }
+  std::string missingNodes(const std::vector<std::string>& keys) {
     std::string m;
-    for (int n = 0; n < o_.nnodes; ++n)
-      if (!store_->check({prefix + what + std::to_string(n)})) m += (m.empty() ? "" : ", ") + std::to_string(n);
+    for (int n = 0; n < o_.nnodes; ++n) {
+      bool here = false;
+      try {
+        here = link_.connected() && link_.call([k = keys[n]](c10d::TCPStore& s) { return s.check({k}); });
+      } catch (const StoreLost&) {
+      }
+      if (!here) m += (m.empty() ? "" : ", ") + std::to_string(n);
+    }
     return m;
   }
   // The job id (node 0's --rdzv-id) must match; a node rank joins once; the run id is node 0's.
-  void join() {
-    guarded([&] {
-      const std::string id = o_.rdzvId.empty() ? "none" : o_.rdzvId;
-      if (o_.nodeRank == 0) {
-        const auto held = text(store_->compareSet("lt/launch/job", {}, bytes(id)));
-        LT_CHECK(held == id, "port ", o_.masterPort, " already serves the store of job '", held,
-                 "'; choose another --master-port");
-        store_->set("lt/launch/run_id", bytes(o_.rdzvId.empty() ? randomId() : o_.rdzvId));
-        store_->set("lt/launch/nnodes", bytes(std::to_string(o_.nnodes)));
+  void join(Clock::time_point deadline) {
+    const std::string id = o_.rdzvId.empty() ? "none" : o_.rdzvId;
+    if (o_.nodeRank == 0) {
+      const auto held = link_.call([id](c10d::TCPStore& s) { return text(s.compareSet("lt/launch/job", {}, bytes(id))); });
+      LT_CHECK(held == id, "port ", o_.masterPort, " already serves the store of job '", held,
+               "'; choose another --master-port");
+      const std::string run = o_.rdzvId.empty() ? randomId() : o_.rdzvId;
+      link_.call([run, nn = std::to_string(o_.nnodes)](c10d::TCPStore& s) {
+        s.set("lt/launch/nnodes", bytes(nn));
+        return s.set("lt/launch/run_id", bytes(run)), true;
+      });
+    }
+    std::vector<std::string> held;
+    for (;;) {  // node 0 sets these when it starts; a node started first polls for them
+      try {
+        reconnect(deadline, "joining");
+        held = link_.call([](c10d::TCPStore& s) {
+          if (!s.check({"lt/launch/run_id"})) return std::vector<std::string>{};
+          return std::vector<std::string>{text(s.get("lt/launch/job")), text(s.get("lt/launch/nnodes")),
+                                           text(s.get("lt/launch/run_id"))};
+        });
+        if (!held.empty()) break;
+      } catch (const StoreLost&) {
       }
-      store_->wait({"lt/launch/job", "lt/launch/run_id"});
-      const auto job = text(store_->get("lt/launch/job"));
-      LT_CHECK(job == id, "the store at ", where(), " belongs to another job (--rdzv-id '", job, "'; this node has '",
-               id, "'); start every node with the same --rdzv-id, or use another --master-port");
-      const auto nn = text(store_->get("lt/launch/nnodes"));
-      LT_CHECK(nn == std::to_string(o_.nnodes), "node 0 was started with --nnodes ", nn, ", this node with --nnodes ",
-               o_.nnodes, "; every node needs the same --nnodes");
-      const auto joined = store_->add("lt/launch/joined" + std::to_string(o_.nodeRank), 1);
-      LT_CHECK(joined == 1, "node rank ", o_.nodeRank, " already joined this job: two nodes were given --node-rank ",
-               o_.nodeRank, "; give each node its own rank in 0..", o_.nnodes - 1);
-      runId_ = text(store_->get("lt/launch/run_id"));
+      LT_CHECK(Clock::now() < deadline, "node ", o_.nodeRank, ": ", link_.where(), " did not start the job within ",
+               "--rdzv-timeout ", o_.rdzvTimeout.count() / 1000, " s");
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    LT_CHECK(held[0] == id, "the store at ", link_.where(), " belongs to another job (--rdzv-id '", held[0],
+             "'; this node has '", id, "'); start every node with the same --rdzv-id, or use another --master-port");
+    LT_CHECK(held[1] == std::to_string(o_.nnodes), "node 0 was started with --nnodes ", held[1],
+             ", this node with --nnodes ", o_.nnodes, "; every node needs the same --nnodes");
+    const auto joined = link_.call([k = "lt/launch/joined" + std::to_string(o_.nodeRank)](c10d::TCPStore& s) {
+      return s.add(k, 1);
     });
+    LT_CHECK(joined == 1, "node rank ", o_.nodeRank, " already joined this job: two nodes were given --node-rank ",
+             o_.nodeRank, "; give each node its own rank in 0..", o_.nnodes - 1);
+    runId_ = held[2];
   }
 
   const LaunchOptions& o_;
-  c10::intrusive_ptr<c10d::TCPStore> store_;
-  std::unique_ptr<StoreWatchdog> watchdog_;
+  StoreLink link_;
   std::string runId_;
+  Clock::time_point nextRetry_{};
+  bool lostSaid_ = false;
 };
 
 // ------------------------------------------------------------------ one attempt
@@ -386,12 +532,8 @@ void supervise(Attempt& at, const LaunchOptions& o, NodeStore* nodes, int attemp
     const auto now = Clock::now();
     if (nodes && now >= nextPoll) {
       nextPoll = now + milliseconds(200);
-      try {
-        nodes->beat();
-        if (auto f = nodes->failure(attempt); f && !at.failed) fail(*f);
-      } catch (const std::exception& e) {
-        fail(e.what());
-      }
+      nodes->beat();
+      if (auto f = nodes->failure(attempt); f && !at.failed) fail(*f);
     }
     if (now > deadline) {
       killAll(at, SIGKILL);
@@ -413,16 +555,19 @@ int runAttempt(const std::vector<std::string>& argv, const LaunchOptions& o, Nod
   namespace fs = std::filesystem;
   std::string storeFile;
   if (!nodes) {
-    storeFile = (fs::temp_directory_path() / ("longtrain-" + runId + "-" + std::to_string(attempt) + ".store")).string();
-    fs::remove(storeFile);
+    std::error_code ec;
+    const fs::path tmp = fs::temp_directory_path(ec);
+    LT_CHECK(!ec, "the temporary directory is not usable (", ec.message(), "); set TMPDIR to a directory this user ",
+             "can write (the ranks rendezvous through a file there)");
+    storeFile = (tmp / ("longtrain-" + runId + "-" + std::to_string(attempt) + ".store")).string();
+    fs::remove(storeFile, ec);
   } else {
     nodes->arrive(attempt);
   }
   Attempt at = spawn(argv, o, attempt, runId, storeFile);
-  setChildren(at.pids);
   supervise(at, o, nodes, attempt);
-  setChildren({});
-  if (!storeFile.empty()) fs::remove(storeFile);
+  std::error_code ec;
+  if (!storeFile.empty()) fs::remove(storeFile, ec);
   std::string outcome = outcomeOf(at);
   if (nodes) {  // the job's outcome is every node's: one failed node fails (or restarts) all
     std::string lostNodes;

@@ -7,6 +7,9 @@
 // - Several nodes: node 0's launcher hosts the TCPStore on MASTER_PORT for the whole job,
 //   across restarts (torchrun's agent store); each attempt's ranks use their own key prefix
 //   (LONGTRAIN_STORE_PREFIX). A node must present the job id (--rdzv-id) node 0 holds.
+//   Like torchrun's agent, a node retries node 0's store until rdzvTimeout, at start (nodes
+//   start in any order) and after a failure; one that loses the store mid-run leaves its ranks
+//   running and reconnects at the next rendezvous, so a partition ends in a restart, not an exit.
 // Failure: the first rank that fails, on any node, is the report; the others get `grace` to
 // fail on their own (they will, by collective timeout, each naming what it saw), then are
 // killed. With maxRestarts, every node's launcher then tears down and re-rendezvouses, and
@@ -29,7 +32,7 @@ struct LaunchOptions {
   int masterPort = 0;      // several nodes: the port of node 0's store
   std::string rdzvId;      // the job's id: every node must present node 0's (torchrun --rdzv-id)
   std::chrono::milliseconds grace{60000};
-  std::chrono::milliseconds rdzvTimeout{300000};  // waiting for the other nodes, each attempt
+  std::chrono::milliseconds rdzvTimeout{900000};  // waiting for node 0's store and the other nodes, each attempt
   int maxRestarts = 0;
 };
 

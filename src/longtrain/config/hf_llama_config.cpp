@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
-#include <fstream>
 
+#include "longtrain/config/json_text.h"
 #include "longtrain/core/check.h"
 
 namespace lt::config {
@@ -17,12 +17,12 @@ using json = nlohmann::json;
 
 namespace {
 
-json readJsonFile(const std::string& path) {
-  LT_CHECK(std::filesystem::is_regular_file(path), "model.init_from: '", path,
-           "' does not exist (a Hugging Face model directory holds config.json and model.safetensors)");
-  std::ifstream f(path);
-  json j = json::parse(f, nullptr, /*allow_exceptions=*/false);
-  LT_CHECK(!j.is_discarded() && j.is_object(), "'", path, "' is not a JSON object");
+json readObject(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  LT_CHECK(std::filesystem::exists(path, ec), what, ": '", path, "' does not exist (a Hugging Face model directory ",
+           "holds config.json and model.safetensors)");
+  json j = readJson(path, "'" + path + "'");
+  LT_CHECK(j.is_object(), "'", path, "' is not a JSON object");
   return j;
 }
 
@@ -168,11 +168,27 @@ json ropeScalingJson(const RopeScaling& s) {
   return j;
 }
 
-HfLlamaConfig readHfLlamaConfig(const std::string& dir) {
+namespace {
+HfLlamaConfig fromJson(const json& j, const std::string& file);  // config.json's fields, below
+}  // namespace
+
+HfLlamaConfig readHfLlamaConfig(const std::string& dir, const std::string& what) {
   const std::string file = (std::filesystem::path(dir) / "config.json").string();
-  LT_CHECK(std::filesystem::is_directory(dir), "model.init_from: '", dir, "' is not a directory (give the ",
+  std::error_code ec;
+  LT_CHECK(std::filesystem::is_directory(dir, ec), what, ": '", dir, "' is not a directory (give the ",
            "Hugging Face model directory that holds config.json and model.safetensors)");
-  const json j = readJsonFile(file);
+  const json j = readObject(file, what);
+  try {  // a field of an unexpected type (model_type: {}) is named, not nlohmann's type_error
+    return fromJson(j, file);
+  } catch (const json::exception& e) {
+    LT_CHECK(false, "'", file, "' has a field of the wrong type (", e.what(), ")");
+  }
+  return {};
+}
+
+namespace {
+
+HfLlamaConfig fromJson(const json& j, const std::string& file) {
   HfLlamaConfig c;
   ModelConfig& m = c.model;
   m.vocabSize = intField(j, file, "vocab_size", 0, true);
@@ -197,6 +213,8 @@ HfLlamaConfig readHfLlamaConfig(const std::string& dir) {
   c.eosId = tokenId(j, "eos_token_id");
   return c;
 }
+
+}  // namespace
 
 namespace {
 

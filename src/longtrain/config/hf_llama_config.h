@@ -20,8 +20,9 @@ struct HfLlamaConfig {
   int64_t bosId = -1, eosId = -1;
 };
 
-// Reads DIR/config.json. Errors name the file and the field.
-HfLlamaConfig readHfLlamaConfig(const std::string& dir);
+// Reads DIR/config.json. Errors name the file and the field, and `what`: the key or flag that
+// gave DIR.
+HfLlamaConfig readHfLlamaConfig(const std::string& dir, const std::string& what = "model.init_from");
 
 // rope_scaling as Hugging Face writes it (null, or {"rope_type" | "type": ..., "factor": ...,
 // llama3's "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}).

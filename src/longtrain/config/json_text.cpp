@@ -2,12 +2,9 @@
 // where comments are allowed, // and /* */ comments, so brackets inside them do not count.
 #include "longtrain/config/json_text.h"
 
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/files.h"
 
 namespace lt::config {
 
@@ -67,21 +64,16 @@ nlohmann::json parseJsonText(const std::string& text, const std::string& what, b
     if (const size_t colon = detail.find(": ", detail.find("parse error")); colon != std::string::npos)
       detail = detail.substr(colon + 2);
     LT_CHECK(false, what, " is not valid JSON: line ", w.line, ", column ", w.column, ": ", detail);
+  } catch (const nlohmann::json::exception& e) {  // a number too large for a double (1e99999)
+    LT_CHECK(false, what, " is not valid JSON: ", e.what());
   }
   return {};
 }
 
-std::string readJsonFile(const std::string& path, const std::string& what) {
-  std::error_code ec;
-  const auto st = std::filesystem::status(path, ec);
-  LT_CHECK(std::filesystem::exists(st), what, " does not exist (absolute: '", std::filesystem::absolute(path, ec).string(),
-           "')");
-  LT_CHECK(!std::filesystem::is_directory(st), what, " is a directory; give the JSON file itself");
-  LT_CHECK(std::filesystem::is_regular_file(st), what, " is not a regular file (a FIFO, socket or device would block ",
-           "or never end); give a JSON file");
-  std::ifstream f(path, std::ios::binary);
-  LT_CHECK(f.is_open(), "cannot open ", what, ": ", std::strerror(errno));
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+std::string readJsonFile(const std::string& path, const std::string& what) { return readInputFile(path, what); }
+
+nlohmann::json readJson(const std::string& path, const std::string& what, bool comments) {
+  return parseJsonText(readJsonFile(path, what), what, comments);
 }
 
 }  // namespace lt::config

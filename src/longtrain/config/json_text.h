@@ -18,5 +18,7 @@ void checkJsonDepth(const std::string& text, const std::string& what, bool comme
 nlohmann::json parseJsonText(const std::string& text, const std::string& what, bool comments = false);
 // The whole of a regular file (not a FIFO or a device, which would block or never end).
 std::string readJsonFile(const std::string& path, const std::string& what);
+// readJsonFile, then parseJsonText: every JSON file the program reads comes through here.
+nlohmann::json readJson(const std::string& path, const std::string& what, bool comments = false);
 
 }  // namespace lt::config

@@ -42,7 +42,9 @@ int chooseRing(int P, int64_t heads, int64_t kvHeads, int forcedRing) {
 ParallelLayout ParallelLayout::make(int world, int P, int64_t heads, int64_t kvHeads, int forcedRing,
                                     SpBalance balance) {
   LT_CHECK(world >= 1 && P >= 1 && world % P == 0, "sequence_parallel_size=", P, " does not divide the world size ",
-           world, "; choose a divisor of ", world);
+           world, " (the ranks launched: --nproc, or train.nproc, times --nnodes); launch a multiple of ", P,
+           " ranks, e.g. --nproc ", (world + P - 1) / P * P, ", or choose a sequence_parallel_size that divides ",
+           world);
   LT_CHECK(heads >= 1 && kvHeads >= 1 && heads % kvHeads == 0, "model.num_heads=", heads,
            " must be divisible by model.num_kv_heads=", kvHeads);
   LT_CHECK(forcedRing >= 0, "sequence_parallel_ring_degree=", forcedRing, " must be 0 (chosen) or positive");

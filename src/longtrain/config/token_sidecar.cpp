@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
-#include <fstream>
 
+#include "longtrain/config/json_text.h"
 #include "longtrain/core/check.h"
 
 namespace lt::config {
@@ -22,10 +22,10 @@ std::string tokenSidecarPath(const std::string& tokenFile) { return tokenFile + 
 std::optional<TokenSidecar> readTokenSidecar(const std::string& tokenFile) {
   const std::string path = tokenSidecarPath(tokenFile);
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return std::nullopt;
-  std::ifstream f(path);
-  const json j = json::parse(f, nullptr, /*allow_exceptions=*/false);
-  LT_CHECK(!j.is_discarded() && j.is_object() && j.value("format", "") == kFormat, "'", path,
+  if (!fs::exists(path, ec)) return std::nullopt;
+  const json j = readJson(path, "token-file sidecar '" + path + "'");  // a FIFO, deep nesting: refused
+  const bool ours = j.is_object() && j.contains("format") && j["format"].is_string() && j["format"] == kFormat;
+  LT_CHECK(ours, "'", path,
            "' is not a longtrain token-file sidecar (format \"", kFormat, "\"); rewrite it with longtrain tokenize, ",
            "or remove it");
   TokenSidecar s;

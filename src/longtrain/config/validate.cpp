@@ -158,6 +158,9 @@ void checkProductsFit(const Config& c) {
         {"the widest of model.hidden_size, intermediate_size, vocab_size", widest}, {"model.num_layers", c.model.layers}}},
       {"weights of one layer", {{"model.hidden_size", c.model.hidden}, {"model.intermediate_size", c.model.intermediate},
                                 {"model.num_layers", c.model.layers}}},
+      {"attention weights of the layers", {{"model.hidden_size", c.model.hidden},
+                                           {"model.num_heads x head_dim", c.model.qDim()},
+                                           {"model.num_layers", c.model.layers}}},
       {"embedding weights", {{"model.vocab_size", c.model.vocabSize}, {"model.hidden_size", c.model.hidden}}}};
   // Only naive attention holds a micro-batch's scores at once; fused and chunked attention tile them.
   if (c.model.attention == AttentionKernel::Naive)

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 
 namespace lt {
 
@@ -13,6 +14,13 @@ namespace {
 
 std::atomic<int> gSignal{0};
 std::atomic<long long> gFirstNs{0};
+const char* gSay = nullptr;  // what the first signal prints (set before the handlers), or nothing
+
+constexpr char kWithCheckpoint[] =
+    "longtrain: stop requested; finishing the step, then checkpointing (a second signal exits at once)\n";
+constexpr char kWithout[] =
+    "longtrain: stop requested; finishing the step, then exiting without a checkpoint (train.checkpoint.dir is not "
+    "set; a second signal exits at once)\n";
 
 long long nowNs() {
   timespec t{};
@@ -24,9 +32,7 @@ void onStop(int sig) {
   int none = 0;
   if (gSignal.compare_exchange_strong(none, sig)) {
     gFirstNs.store(nowNs());
-    static const char msg[] = "longtrain: stop requested; finishing the step, then checkpointing (a second signal "
-                              "exits at once)\n";
-    (void)!::write(2, msg, sizeof msg - 1);
+    if (const char* say = gSay) (void)!::write(2, say, std::strlen(say));
     return;
   }
   if (nowNs() - gFirstNs.load() > 1000000000LL) ::_exit(128 + sig);
@@ -34,7 +40,8 @@ void onStop(int sig) {
 
 }  // namespace
 
-void installStopHandlers() {
+void installStopHandlers(bool checkpointing, bool speak) {
+  gSay = !speak ? nullptr : checkpointing ? kWithCheckpoint : kWithout;
   struct sigaction sa {};
   sa.sa_handler = onStop;
   sigemptyset(&sa.sa_mask);

@@ -7,7 +7,10 @@
 
 namespace lt {
 
-void installStopHandlers();
+// `checkpointing`: a stop saves a checkpoint (train.checkpoint.dir is set), as the line the
+// first signal prints says; `speak`: this process prints it (one process of a node, so a
+// signal forwarded to every rank is announced once).
+void installStopHandlers(bool checkpointing, bool speak);
 int stopSignal();  // 0, or the first SIGTERM / SIGINT received
 
 }  // namespace lt

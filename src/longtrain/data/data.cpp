@@ -15,6 +15,7 @@
 
 #include "longtrain/config/validate.h"
 #include "longtrain/core/check.h"
+#include "longtrain/core/files.h"
 
 namespace lt::data {
 
@@ -88,35 +89,31 @@ TokenFileDataset::TokenFileDataset(const std::string& path, int bytesPerToken, i
                                    TokenWindows windows)
     : path_(path), bytesPerToken_(bytesPerToken), seqLen_(seqLen), vocab_(vocabSize), w_(windows) {
   LT_CHECK(bytesPerToken == 1 || bytesPerToken == 2 || bytesPerToken == 4, "token width must be 1, 2 or 4 bytes");
-  LT_CHECK(seqLen >= 1, "data.seq_len=", seqLen, " must be at least 1");
+  LT_CHECK(seqLen >= 1, w_.seqLenKey, "=", seqLen, " must be at least 1");
   LT_CHECK(vocabSize >= 1, "model.vocab_size=", vocabSize, " must be at least 1");
-  int fd = ::open(path.c_str(), O_RDONLY);
-  LT_CHECK(fd >= 0, "data.path='", path, "': cannot open: ", std::strerror(errno));
+  const int fd = openInputFile(path, w_.source + "='" + path + "'");
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    LT_CHECK(false, "data.path='", path, "' is not a regular file");
-  }
+  ::fstat(fd, &st);
   mapBytes_ = static_cast<size_t>(st.st_size);
   numTokens_ = static_cast<int64_t>(mapBytes_ / bytesPerToken);
   if (mapBytes_ % bytesPerToken != 0 || numTokens_ < seqLen) {
     ::close(fd);
-    LT_CHECK(mapBytes_ % bytesPerToken == 0, "data.path='", path, "': size ", mapBytes_,
-             " bytes is not a multiple of the token width ", bytesPerToken, " (wrong data.type?)");
-    LT_CHECK(false, "data.path='", path, "' holds ", numTokens_, " tokens, fewer than one window of data.seq_len=",
-             seqLen);
+    LT_CHECK(mapBytes_ % bytesPerToken == 0, w_.source, "='", path, "': size ", mapBytes_,
+             " bytes is not a multiple of the token width ", bytesPerToken, " (wrong ", w_.typeKey, "?)");
+    LT_CHECK(false, w_.source, "='", path, "' holds ", numTokens_, " tokens, fewer than one window of ", w_.seqLenKey,
+             "=", seqLen);
   }
   const int64_t all = numTokens_ / seqLen_;
   numWindows_ = w_.numWindows < 0 ? all - w_.firstWindow : w_.numWindows;
   if (w_.firstWindow < 0 || numWindows_ < 1 || w_.firstWindow + numWindows_ > all) {
     ::close(fd);
-    LT_CHECK(false, "data.path='", path, "' holds ", all, " windows of data.seq_len=", seqLen, "; windows [",
+    LT_CHECK(false, w_.source, "='", path, "' holds ", all, " windows of ", w_.seqLenKey, "=", seqLen, "; windows [",
              w_.firstWindow, ", ", w_.firstWindow + numWindows_,
-             ") were asked for (lower data.eval_fraction or data.seq_len, or supply more data)");
+             ") were asked for (lower data.eval_fraction or ", w_.seqLenKey, ", or supply more data)");
   }
   void* p = ::mmap(nullptr, mapBytes_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
-  LT_CHECK(p != MAP_FAILED, "data.path='", path, "': mmap failed: ", std::strerror(errno));
+  LT_CHECK(p != MAP_FAILED, w_.source, "='", path, "': mmap failed: ", std::strerror(errno));
   map_ = static_cast<const uint8_t*>(p);
 }
 
@@ -135,9 +132,9 @@ Sample TokenFileDataset::get(int64_t i) const {
     if (bytesPerToken_ == 1) v = base[t];
     else if (bytesPerToken_ == 2) { uint16_t x; std::memcpy(&x, base + 2 * t, 2); v = x; }
     else std::memcpy(&v, base + 4 * t, 4);
-    LT_CHECK(bytesPerToken_ == 1 || static_cast<int64_t>(v) < vocab_, "data.path='", path_, "': token ", v,
-             " at index ", window * seqLen_ + t, " is outside model.vocab_size=", vocab_,
-             "; raise model.vocab_size or check data.type (uint16 vs uint32)");
+    LT_CHECK(bytesPerToken_ == 1 || static_cast<int64_t>(v) < vocab_, w_.source, "='", path_, "': token ", v,
+             " at index ", window * seqLen_ + t, " is outside ", w_.vocabKey, "=", vocab_, "; check ", w_.typeKey,
+             " (uint16 vs uint32), and that the file was written with the model's tokenizer");
     s.ids[t] = v;
   }
   s.labels = s.ids;
@@ -177,7 +174,8 @@ double unigramBaselineLoss(const Dataset& train, const Dataset& eval, int64_t vo
     }
   double loss = 0;
   int64_t n = 0;
-  for (int64_t i = 0; i < eval.size(); ++i) {
+  const int64_t evalStride = (eval.size() + most - 1) / most;  // the same bound for the eval set
+  for (int64_t i = 0; i < eval.size(); i += evalStride) {
     const Sample s = eval.get(i);
     for (size_t t = 1; t < s.labels.size(); ++t) {  // the targets of positions 0..S-2
       if (s.labels[t] == kIgnoreIndex) continue;

@@ -80,8 +80,11 @@ class KvRecallDataset : public Dataset {
 // With packEos >= 0 each window is packed (packDocuments) at that separator. The dataset is
 // windows [firstWindow, firstWindow + numWindows) of the file (numWindows -1: to the end), so
 // a held-out split is a range the training range excludes.
+// Errors name the file, window length, dtype and vocabulary by the user's words: source (the
+// key or flag that gave the file), seqLenKey, typeKey and vocabKey.
 struct TokenWindows {
   int64_t packEos = -1, firstWindow = 0, numWindows = -1;
+  std::string source = "data.path", seqLenKey = "data.seq_len", typeKey = "data.type", vocabKey = "model.vocab_size";
 };
 class TokenFileDataset : public Dataset {
  public:
@@ -106,7 +109,8 @@ class TokenFileDataset : public Dataset {
 
 // The loss a model knowing only token frequencies reaches: the mean cross-entropy (nats) of
 // `eval`'s scored tokens under `train`'s unigram distribution (add-one smoothed over `vocab`;
-// counted over at most ~16M tokens of evenly spaced training windows).
+// counted over at most ~16M tokens of evenly spaced training windows, and scored over as many
+// of the eval set's).
 // The baseline a language model's eval loss must fall clearly below.
 double unigramBaselineLoss(const Dataset& train, const Dataset& eval, int64_t vocab);
 

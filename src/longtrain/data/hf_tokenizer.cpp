@@ -527,7 +527,7 @@ void HfTokenizer::Impl::loadSpecialIds(const fs::path& dir) {
   std::string eosName, bosName;
   std::error_code ec;
   if (const fs::path cfgPath = dir / "tokenizer_config.json"; fs::is_regular_file(cfgPath, ec)) {
-    const json cfg = json::parse(config::readJsonFile(cfgPath.string(), "'" + cfgPath.string() + "'"), nullptr, false);
+    const json cfg = config::readJson(cfgPath.string(), "'" + cfgPath.string() + "'");
     if (cfg.is_object()) eosName = configToken(cfg, "eos_token"), bosName = configToken(cfg, "bos_token");
   }
   const auto idOf = [&](const std::string& content) -> int64_t {

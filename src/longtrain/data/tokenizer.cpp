@@ -25,6 +25,7 @@
 
 #include "longtrain/config/token_sidecar.h"
 #include "longtrain/core/check.h"
+#include "longtrain/core/files.h"
 #include "longtrain/core/sha256.h"
 #include "longtrain/data/hf_tokenizer.h"
 #include "longtrain/data/spm/spm_shim.h"
@@ -51,24 +52,10 @@ bool isBlank(std::string_view s) {
   return true;
 }
 
-void checkInputFile(const std::string& path) {
-  std::error_code ec;
-  const auto st = fs::status(path, ec);
-  LT_CHECK(fs::exists(st), "input '", path, "' does not exist; give text files to tokenize");
-  LT_CHECK(!fs::is_directory(st), "input '", path, "' is a directory; give the text files in it (e.g. ", path,
-           "/*.txt)");
-}
+// A text file to tokenize: a regular file (a FIFO would block, /dev/zero never end).
+void checkInputFile(const std::string& path) { lt::checkInputFile(path, "input '" + path + "'"); }
 
-std::string readTextFile(const std::string& path) {
-  checkInputFile(path);
-  std::ifstream f(path, std::ios::binary);
-  LT_CHECK(f.is_open(), "input '", path, "' cannot be opened: ", std::strerror(errno));
-  std::string text;
-  char buf[1 << 16];
-  while (f.read(buf, sizeof buf) || f.gcount() > 0) text.append(buf, static_cast<size_t>(f.gcount()));
-  LT_CHECK(f.eof(), "input '", path, "' could not be read to its end: ", std::strerror(errno));
-  return text;
-}
+std::string readTextFile(const std::string& path) { return lt::readInputFile(path, "input '" + path + "'"); }
 
 // The cut of `s` at or before `limit` bytes: after the last space, else on a UTF-8 boundary.
 size_t cutBefore(std::string_view s, size_t limit) {
@@ -337,6 +324,10 @@ int64_t Tokenizer::vocabSize() const {
 }
 int64_t Tokenizer::eosId() const { return impl_->hf ? impl_->hf->eosId() : impl_->spm->lib.ltspm_eos_id(impl_->spm->model); }
 int64_t Tokenizer::bosId() const { return impl_->hf ? impl_->hf->bosId() : impl_->spm->lib.ltspm_bos_id(impl_->spm->model); }
+std::string Tokenizer::tokenText(int64_t id) const {
+  if (id < 0) return "";
+  return impl_->hf ? impl_->hf->decode({static_cast<int>(id)}) : impl_->spm->piece(static_cast<int>(id));
+}
 const std::string& Tokenizer::path() const { return path_; }
 std::string Tokenizer::kind() const { return impl_->hf ? "tokenizer.json" : "sentencepiece"; }
 
@@ -420,7 +411,10 @@ void trainTokenizer(const std::vector<std::string>& inputs, int64_t vocabSize, c
   for (const auto& p : inputs) checkInputFile(p);
 
   static std::atomic<int> counter{0};
-  TempFile sentences(fs::temp_directory_path() / ("longtrain-tokenizer-" + std::to_string(::getpid()) + "-" +
+  const fs::path tmpDir = fs::temp_directory_path(ec);
+  LT_CHECK(!ec, "the temporary directory is not usable (", ec.message(), "); set TMPDIR to a directory this user ",
+           "can write (training a tokenizer writes its sentences there)");
+  TempFile sentences(tmpDir / ("longtrain-tokenizer-" + std::to_string(::getpid()) + "-" +
                                                   std::to_string(counter++) + ".txt"));
   int64_t count = 0;
   {
@@ -567,12 +561,13 @@ void checkUtf8(std::string_view text, const std::string& path) {
 void commitWithSidecar(TokenFileWriter& out, const TokenizeOptions& o, const Tokenizer& tok, const TokenizeResult& r) {
   config::TokenSidecar s;
   s.dtype = r.bytesPerToken == 2 ? "uint16" : "uint32";
-  s.tokenizer = fs::absolute(tok.path()).string();
+  std::error_code ec;
+  s.tokenizer = fs::absolute(tok.path(), ec).string();
   s.tokenizerKind = tok.kind();
   s.tokenizerSha256 = sha256File(tok.path());
   s.vocabSize = r.vocabSize, s.eosId = r.eosId, s.bosId = tok.bosId();
   s.documents = r.documents, s.tokens = r.tokens;
-  for (const auto& in : o.inputs) s.inputs.push_back(fs::absolute(in).string());
+  for (const auto& in : o.inputs) s.inputs.push_back(fs::absolute(in, ec).string());
   s.splitOn = o.splitOn;
   const std::string sidecar = config::tokenSidecarPath(o.outPath);
   TempFile tmp(fs::path(sidecar + ".tmp"));
@@ -582,7 +577,6 @@ void commitWithSidecar(TokenFileWriter& out, const TokenizeOptions& o, const Tok
     f.close();
     LT_CHECK(f.good(), "cannot write '", tmp.path().string(), "' (disk full?)");
   }
-  std::error_code ec;
   fs::remove(sidecar, ec);
   out.commit();
   tmp.renameTo(sidecar);

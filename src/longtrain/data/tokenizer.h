@@ -30,6 +30,7 @@ class Tokenizer {
   int64_t vocabSize() const;
   int64_t eosId() const;  // -1 if the model has none
   int64_t bosId() const;  // -1 if none
+  std::string tokenText(int64_t id) const;  // a token as its vocabulary writes it ("</s>"); "" for -1
   std::vector<int64_t> encode(const std::string& text) const;  // no BOS/EOS added
   std::string decode(const std::vector<int64_t>& ids) const;
   const std::string& path() const;  // the file loaded

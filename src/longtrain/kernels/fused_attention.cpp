@@ -169,7 +169,10 @@ int64_t backwardScratch(const Shape& s) {
 at::Tensor fusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const FusedAttentionOptions& options) {
   checkInputs(q, k, v, options.documentStart);
-  const int64_t tile = options.tile > 0 ? options.tile : kDefaultTile;
+  // A tile longer than the sequence is one tile: sized by it, not by model.attention_chunk
+  // (whose scratch would otherwise be tile^2 floats).
+  const int64_t asked = options.tile > 0 ? options.tile : kDefaultTile;
+  const int64_t tile = std::min(asked, std::max(q.size(1), kDefaultTile));
   auto start = options.documentStart.defined() ? options.documentStart.contiguous() : at::empty({0}, at::kLong);
   return FusedAttentionFn::apply(q.contiguous(), k.contiguous(), v.contiguous(), start, tile,
                                  static_cast<int64_t>(options.isa), options.bf16);

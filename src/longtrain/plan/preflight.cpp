@@ -26,4 +26,18 @@ void preflightMemory(const config::Config& cfg, int world, int localRanks) {
            "sequence_parallel_size); train.memory_preflight=false skips this check");
 }
 
+void preflightCounts(const config::Config& cfg, int localRanks) {
+  const auto& d = cfg.data;
+  if (d.tokenFile()) return;  // a token file's windows are counted by the file
+  LT_CHECK(d.evalSamples <= d.numSamples, "config key 'data.eval_samples' = ", d.evalSamples, " is more than ",
+           "data.num_samples=", d.numSamples, ": every evaluation would run them all; lower data.eval_samples");
+  const int64_t limit = rankMemoryLimitBytes(localRanks);
+  const int64_t need = 8 * d.numSamples;  // numSamples <= 2^50: no overflow
+  constexpr int64_t kMiB = 1 << 20;
+  LT_CHECK(limit <= 0 || need <= limit / 4, "config key 'data.num_samples' = ", d.numSamples, ": an epoch's ",
+           "sample order takes 8 bytes a sample, ", need / kMiB, " MiB on every rank, more than a quarter of the ",
+           limit / kMiB, " MiB a rank may use; lower data.num_samples to at most ", limit / 32,
+           " (kv_recall samples are generated: more do not make the task harder)");
+}
+
 }  // namespace lt::plan

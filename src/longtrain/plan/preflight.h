@@ -12,4 +12,10 @@ namespace lt::plan {
 // No-op under train.memory_preflight=false or when the limit is unknown.
 void preflightMemory(const config::Config& cfg, int world, int localRanks);
 
+// The counts that size an allocation or a loop apart from the model (each in range alone):
+// data.num_samples (an epoch's sample order, 8 bytes a sample on every rank) against a
+// quarter of what a rank may use, data.eval_samples against data.num_samples. lt::Error
+// naming the key, the need and the bound; not skipped by train.memory_preflight=false.
+void preflightCounts(const config::Config& cfg, int localRanks);
+
 }  // namespace lt::plan

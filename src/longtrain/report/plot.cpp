@@ -19,8 +19,10 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/files.h"
 
 extern char** environ;
 
@@ -436,15 +438,17 @@ bool rsvgConvert(const std::string& svg, const std::string& png) {
 }  // namespace
 
 RunSeries readMetrics(const std::string& path) {
-  std::ifstream in(path);
-  LT_CHECK(in, "cannot open metrics file ", path, ": ", std::strerror(errno));
+  std::istringstream in(readInputFile(path, "metrics file '" + path + "'"));  // a FIFO would block
   std::map<int64_t, StepRecord> byStep;  // a later record of a step replaces the earlier one
   std::string raw;
   for (int64_t lineNo = 1; std::getline(in, raw); ++lineNo) {
     if (blank(raw)) continue;
     json j;
     try {
-      j = json::parse(raw);
+      j = json::parse(raw, [&](int depth, json::parse_event_t, json&) {
+        LT_CHECK(depth <= 64, where(path, lineNo), ": nested deeper than 64 levels; a metrics record is flat");
+        return true;
+      });
     } catch (const json::parse_error& e) {
       if (in.eof()) break;  // an unterminated last line: the run is still writing it
       LT_CHECK(false, where(path, lineNo), ": not JSON (", parseMessage(e),

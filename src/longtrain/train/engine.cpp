@@ -285,7 +285,7 @@ std::vector<at::Tensor> Engine::fullParameters() {
 // Each rank copies its own state shards (all of every tensor without ZeRO-3, its slices with
 // it) from the mapped files: the rest of the model is never read into this rank's memory.
 void Engine::loadInitialWeights() {
-  ckpt::HfWeights w(cfg_.model.initFrom);
+  ckpt::HfWeights w(cfg_.model.initFrom, "model.init_from");
   zero_->resetState(0, 0);  // masters are filled below; stages 1 and 2 refresh replicas after
   std::vector<ckpt::ExpectedTensor> expected;
   for (const auto& m : parameterMeta()) expected.push_back({m.name, m.shape});

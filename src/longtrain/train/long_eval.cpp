@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <memory>
 #include <random>
 
 #include "longtrain/config/token_sidecar.h"
@@ -95,16 +96,20 @@ PositionLossOptions positionLossOptions(const std::string& path, int64_t seqLen,
                                         int64_t eosFallback, const std::string& source) {
   PositionLossOptions o;
   o.path = path, o.seqLen = seqLen, o.maxWindows = windows;
+  const bool flags = source.rfind("eval ", 0) == 0;
+  o.source = source;
+  o.seqLenKey = flags ? "--seq-len" : "train.eval.seq_len";
+  o.typeKey = flags ? "--dtype" : "train.eval.dtype";
   const std::optional<config::TokenSidecar> side = config::readTokenSidecar(path);
-  LT_CHECK(dtype != config::TokenDtype::FromSidecar || side, source, " '", path, "' has no sidecar (", config::tokenSidecarPath(path),
-           "); give its dtype (eval --dtype, train.eval.dtype: uint16 or uint32), or write the file with longtrain ",
-           "tokenize");
+  LT_CHECK(dtype != config::TokenDtype::FromSidecar || side, source, " '", path, "' has no sidecar (",
+           config::tokenSidecarPath(path), "); give its dtype (", o.typeKey, ": uint16 or uint32), or write the file ",
+           "with longtrain tokenize");
   const bool wide = dtype == config::TokenDtype::FromSidecar ? side->dtype == "uint32" : dtype == config::TokenDtype::Uint32;
   o.bytesPerToken = wide ? 4 : 2;
   if (packDocuments) {
     o.packEos = eosOverride >= 0 ? eosOverride : side && side->eosId >= 0 ? side->eosId : eosFallback;
-    LT_CHECK(o.packEos >= 0, source, " '", path, "': packed documents need the EOS id: give it (eval --eos-id, ",
-             "data.eos_id), or a token file written by longtrain tokenize (its sidecar names it)");
+    LT_CHECK(o.packEos >= 0, source, " '", path, "': packed documents need the EOS id: give it (",
+             flags ? "eval --eos-id" : "data.eos_id", "), or a token file written by longtrain tokenize (its sidecar names it)");
   }
   return o;
 }
@@ -125,11 +130,25 @@ void allReduce(PositionLoss& r, comm::Comm& world) {
 
 }  // namespace
 
+namespace {
+
+std::unique_ptr<data::TokenFileDataset> openWindows(const PositionLossOptions& o, int64_t vocabSize) {
+  LT_CHECK(o.seqLen >= 2, o.seqLenKey, " ", o.seqLen, ": a window needs at least 2 tokens");
+  auto file = std::make_unique<data::TokenFileDataset>(o.path, o.bytesPerToken, o.seqLen, vocabSize,
+                                                       data::TokenWindows{o.packEos, 0, -1, o.source, o.seqLenKey,
+                                                                          o.typeKey, "the model's vocab_size"});
+  LT_CHECK(file->size() > 0, o.source, " '", o.path, "' holds fewer than ", o.seqLenKey, " ", o.seqLen,
+           " tokens: no whole window; give a shorter ", o.seqLenKey);
+  return file;
+}
+
+}  // namespace
+
+void checkPositionLossFile(const PositionLossOptions& o, int64_t vocabSize) { (void)openWindows(o, vocabSize); }
+
 PositionLoss evaluatePositions(model::Model& m, const PositionLossOptions& o, const SequenceParallel* sp) {
-  LT_CHECK(o.seqLen >= 2, "eval --seq-len ", o.seqLen, ": a window needs at least 2 tokens");
-  data::TokenFileDataset file(o.path, o.bytesPerToken, o.seqLen, m.config().vocabSize, {o.packEos, 0, -1});
-  LT_CHECK(file.size() > 0, "eval --data '", o.path, "' holds fewer than --seq-len ", o.seqLen,
-           " tokens: no whole window; give a shorter --seq-len");
+  const auto windows = openWindows(o, m.config().vocabSize);
+  const data::TokenFileDataset& file = *windows;
   const int64_t n = o.maxWindows > 0 ? std::min(o.maxWindows, file.size()) : file.size();
   PositionLoss r;
   r.buckets = makeBuckets(o.seqLen);
@@ -142,7 +161,7 @@ PositionLoss evaluatePositions(model::Model& m, const PositionLossOptions& o, co
   for (int64_t w = 0; w < n; ++w) {
     const data::Sample s = file.get(w);
     for (int64_t id : s.ids)
-      LT_CHECK(id >= 0 && id < m.config().vocabSize, "eval --data '", o.path, "': token id ", id,
+      LT_CHECK(id >= 0 && id < m.config().vocabSize, o.source, " '", o.path, "': token id ", id,
                " is outside the model's vocabulary (", m.config().vocabSize, "); was it written with this model's ",
                "tokenizer?");
     const data::Batch whole = windowBatch(s);

@@ -21,6 +21,8 @@ struct PositionLossOptions {
   int64_t seqLen = 0;      // window length (the training windows' convention: non-overlapping)
   int64_t maxWindows = 0;  // 0: every whole window of the file
   int64_t packEos = -1;    // >= 0: documents separated by this id, positions restart after it
+  // How errors name the file, the window length and the dtype: the user's flags or keys.
+  std::string source = "eval --data", seqLenKey = "--seq-len", typeKey = "--dtype";
 };
 
 // Targets by position: [start, end) counts the target's position in its window (or document);
@@ -45,12 +47,16 @@ struct SequenceParallel {
 };
 // The options for token file `path` as eval and train.eval give them: `dtype` "" takes the
 // file's sidecar's; with packed documents the EOS is `eosOverride` (>= 0), else the sidecar's,
-// else `eosFallback`. `source` names the flag or key in errors ("eval --data").
+// else `eosFallback`. `source` names the flag or key in errors: "eval --data" (then --seq-len
+// and --dtype) or "train.eval.data" (then train.eval.seq_len and train.eval.dtype).
 PositionLossOptions positionLossOptions(const std::string& path, int64_t seqLen, int64_t windows,
                                         config::TokenDtype dtype, bool packDocuments, int64_t eosOverride,
                                         int64_t eosFallback, const std::string& source);
 
 PositionLoss evaluatePositions(model::Model& m, const PositionLossOptions& o, const SequenceParallel* sp = nullptr);
+// The token file opened and cut into windows as evaluatePositions will, without a model: the
+// launcher's check before ranks start (lt::Error as each rank would throw it).
+void checkPositionLossFile(const PositionLossOptions& o, int64_t vocabSize);
 
 struct NeedleOptions {
   std::vector<int64_t> lengths;  // prompt lengths in tokens

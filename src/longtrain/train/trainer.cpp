@@ -224,7 +224,7 @@ std::string resumeSource(const config::CheckpointConfig& ck, const TrainOptions&
 
 void resume(Engine& engine, const std::string& from, bool lead) {
   auto t0 = std::chrono::steady_clock::now();
-  ckpt::Checkpoint c(ckpt::resolve(from));
+  ckpt::Checkpoint c(ckpt::resolve(from, "--resume"));
   setPhase("loading the checkpoint %s", c.dir().c_str());
   ckpt::load(engine, c);
   const double loadS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -479,7 +479,7 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
   const bool lead = groups.world->rank() == 0;
   if (!opts.tracePath.empty()) trace::enable(groups.world->rank());
   const auto& ck = cfg.train.checkpoint;
-  if (!ck.dir.empty()) ckpt::checkWritable(ck.dir);  // a read-only dir is found now, not at the first save
+  if (!ck.dir.empty()) ckpt::checkWritable(ck.dir, "train.checkpoint.dir");  // a read-only dir is found now, not at the first save
   setPhase("building the model, data and optimizer (seq_len %lld)", (long long)cfg.data.seqLen);
   Engine engine(cfg, groups, opts.engine);
   if (const std::string from = resumeSource(ck, opts); !from.empty()) resume(engine, from, lead);
