@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what is missing (scripts/setup.sh), then configures and builds into build/.
+# Installs what is missing (scripts/setup.sh), then configures and builds into build/
+# (LONGTRAIN_BUILD_DIR: another build folder, e.g. scripts/test_libtorch2.sh's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -7,5 +8,6 @@ export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 # Paths under the checkout hash relative, so another worktree of the repository hits the cache.
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 export CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_file_ctime"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${LONGTRAIN_CMAKE_ARGS:-} >/dev/null
-ninja -C build -j "${LONGTRAIN_JOBS:-2}" "$@"
+BUILD_DIR="${LONGTRAIN_BUILD_DIR:-build}"
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${LONGTRAIN_CMAKE_ARGS:-} >/dev/null
+ninja -C "$BUILD_DIR" -j "${LONGTRAIN_JOBS:-2}" "$@"
