@@ -28,6 +28,7 @@
 
 #include "longtrain/core/check.h"
 #include "longtrain/core/strings.h"
+#include "longtrain/core/torch_compat.h"
 
 namespace lt::comm {
 
@@ -134,7 +135,7 @@ class StoreWatchdog {
 class NodeStore {
  public:
   explicit NodeStore(const LaunchOptions& o) : o_(o) {
-    c10d::TCPStoreOptions so;
+    auto so = compat::tcpStoreOptions<c10d::TCPStoreOptions>();
     so.port = static_cast<uint16_t>(o.masterPort);
     so.isServer = o.nodeRank == 0;
     so.waitWorkers = false;
