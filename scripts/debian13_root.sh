@@ -77,6 +77,9 @@ ensure_base() {
 
 # The kernel file systems, a fresh /run, and the binds (inside the private namespace).
 mount_all() {
+  # The root a mount point of its own: `ip netns add` runs `mount --make-rslave /`, which fails
+  # (EINVAL) in a chroot whose / is a plain folder, and the two-host tests then skip.
+  mount --bind "$ROOT" "$ROOT"
   mount -t proc proc "$ROOT/proc"
   mount --rbind /dev "$ROOT/dev"
   mount --rbind /sys "$ROOT/sys"
@@ -94,6 +97,7 @@ unmount_all() {
   local d
   for d in "${binds[@]}"; do umount -l "$ROOT$d" 2>/dev/null || true; done
   for d in run sys dev proc; do umount -l "$ROOT/$d" 2>/dev/null || true; done
+  umount -l "$ROOT" 2>/dev/null || true
 }
 
 missing_packages() {
