@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "longtrain/core/torch_compat.h"
 #include "longtrain/kernels/cpu_adam.h"
 
 namespace {
@@ -263,7 +264,7 @@ void BM_TorchAdamW(benchmark::State& state) {
   opt.step();  // allocates m and v outside the timed steps
   const double seconds = timeIterations(state, [&] { opt.step(); });
   auto& st = static_cast<torch::optim::AdamWParamState&>(
-      *opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+      *opt.state().at(lt::compat::optimizerStateKey(p)));
   if (!allFinite(arr.p.get(), kParams) || !st.exp_avg().isfinite().all().item<bool>() ||
       !st.exp_avg_sq().isfinite().all().item<bool>()) {
     state.SkipWithError("non-finite values in p, m or v after the steps");

@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
-cd build
+cd "${LONGTRAIN_BUILD_DIR:-build}"
 ctest --output-on-failure -j "${LONGTRAIN_JOBS:-2}" --timeout 600

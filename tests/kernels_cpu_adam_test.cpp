@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/torch_compat.h"
 #include "longtrain/kernels/cpu_adam.h"
 #include "testing.h"
 
@@ -68,7 +69,7 @@ State torchRun(const AdamParams& a, const at::Tensor& p0, const std::vector<at::
     p.mutable_grad() = g.clone();
     opt->step();
   }
-  auto& st = *opt->state().at(c10::guts::to_string(p.unsafeGetTensorImpl()));
+  auto& st = *opt->state().at(lt::compat::optimizerStateKey(p));
   if (a.adamw) {
     auto& s = static_cast<torch::optim::AdamWParamState&>(st);
     return {p.detach(), s.exp_avg(), s.exp_avg_sq()};

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "longtrain/core/torch_compat.h"
 #include "longtrain/kernels/cpu_adam.h"
 #include "longtrain/kernels/fused_attention.h"
 #include "longtrain/kernels/fused_ops.h"
@@ -154,7 +155,7 @@ AdamState torchAdamW(const lt::kernels::AdamParams& a, const at::Tensor& p0, con
     p.mutable_grad() = g.clone();
     opt.step();
   }
-  auto& s = static_cast<torch::optim::AdamWParamState&>(*opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+  auto& s = static_cast<torch::optim::AdamWParamState&>(*opt.state().at(lt::compat::optimizerStateKey(p)));
   return {p.detach(), s.exp_avg(), s.exp_avg_sq()};
 }
 

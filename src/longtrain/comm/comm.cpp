@@ -19,6 +19,7 @@
 #include "longtrain/core/partition.h"
 #include "longtrain/core/trace.h"
 #include "longtrain/core/strings.h"
+#include "longtrain/core/torch_compat.h"
 
 namespace lt::comm {
 
@@ -359,7 +360,7 @@ namespace {
 
 // Rank 0 hosts the store (torchrun's ranks), or every rank is a client of node 0's launcher.
 void connectTcpStore(EnvRendezvous& r, const std::string& addr, int port, bool agentStore, Millis timeout) {
-  c10d::TCPStoreOptions o;
+  auto o = compat::tcpStoreOptions<c10d::TCPStoreOptions>();
   o.port = static_cast<uint16_t>(port);
   o.isServer = !agentStore && r.rank == 0;
   o.numWorkers = agentStore ? c10::nullopt : c10::optional<std::size_t>(r.size);

@@ -23,7 +23,7 @@
 
 namespace c10d {
 class Store;
-class ProcessGroup;
+class ProcessGroupGloo;
 class Work;
 }  // namespace c10d
 
@@ -130,7 +130,9 @@ class Comm {
   std::string diagnoseFailure(const std::string& error = {}) const;
 
  private:
-  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  // The Gloo group itself: a ProcessGroup in libtorch 1.13, a Backend in 2.x, with the same
+  // collectives either way.
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   int rank_, size_;
   Options opts_;
   std::string name_;

@@ -30,6 +30,7 @@
 
 #include "longtrain/core/check.h"
 #include "longtrain/core/strings.h"
+#include "longtrain/core/torch_compat.h"
 
 namespace lt::comm {
 
@@ -133,7 +134,7 @@ class StoreLink {
 
   // Node 0: listens (lt::Error when the port is taken). Others: one try, at most `limit`.
   void tryConnect(milliseconds limit) {
-    c10d::TCPStoreOptions so;
+    auto so = compat::tcpStoreOptions<c10d::TCPStoreOptions>();
     so.port = static_cast<uint16_t>(o_.masterPort);
     so.isServer = o_.nodeRank == 0;
     so.waitWorkers = false;

@@ -21,15 +21,27 @@ using torch::autograd::variable_list;
 
 constexpr int64_t kRowChunk = 64;  // rows per task; also the unit of the weight-gradient sum
 
+// Only the chosen build's table function runs: each is compiled with its ISA's flags, and GCC 14
+// fills the returned table with AVX-512 moves in the AVX-512 build (SIGILL on an AVX2 CPU).
 const pointwise_detail::Kernels& kernelsFor(int64_t isa) {
-  static const pointwise_detail::Kernels table[] = {pointwise_detail::kernels_baseline(),
-                                                    pointwise_detail::kernels_avx2(),
-                                                    pointwise_detail::kernels_avx512()};
-  constexpr Isa kBuilds[] = {Isa::Baseline, Isa::Avx2, Isa::Avx512};  // table's order
+  constexpr Isa kBuilds[] = {Isa::Baseline, Isa::Avx2, Isa::Avx512};
   const auto k = static_cast<Isa>(isa);
   LT_CHECK(isaSupported(k), "fused kernels: the ", isaName(k),
            " build was requested but this CPU lacks its instructions; use isaBest()");
-  return table[static_cast<int>(isaAtMost(k, std::begin(kBuilds), std::end(kBuilds)))];
+  switch (isaAtMost(k, std::begin(kBuilds), std::end(kBuilds))) {
+    case Isa::Avx512Bf16:
+    case Isa::Avx512: {
+      static const auto table = pointwise_detail::kernels_avx512();
+      return table;
+    }
+    case Isa::Avx2: {
+      static const auto table = pointwise_detail::kernels_avx2();
+      return table;
+    }
+    case Isa::Baseline: break;
+  }
+  static const auto table = pointwise_detail::kernels_baseline();
+  return table;
 }
 
 // f(firstRow, rows) over [0, rows) in chunks of kRowChunk, on ATen's threads.

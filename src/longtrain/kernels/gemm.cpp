@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/torch_compat.h"
 #include "longtrain/kernels/fused_ops.h"
 
 namespace lt::kernels {
@@ -66,7 +67,7 @@ const Bf16Matmul* bf16Matmul(bool transA, bool transB, int64_t M, int64_t N, int
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   std::unique_ptr<Bf16Matmul> mm;
   try {
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpuEngine());
+    const auto pd = compat::matmulPrimitiveDesc<dnnl::matmul>(cpuEngine(), a, b, c, attr);
     // oneDNN's reference kernel (any CPU) runs at ~1 GFLOP/s; the BLAS on widened operands is faster.
     if (std::string(pd.impl_info_str()).rfind("ref", 0) != 0)
       mm = std::make_unique<Bf16Matmul>(Bf16Matmul{pd, dnnl::matmul(pd)});
