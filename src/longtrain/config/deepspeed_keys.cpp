@@ -162,18 +162,19 @@ void removeAutos(json& node, const std::string& path, std::vector<std::string>& 
   }
 }
 
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
 // DeepSpeed matches optimizer and scheduler names without regard to case.
 void canonicalName(json& j, const char* section, std::initializer_list<const char*> names) {
   if (!j.contains(section) || !j[section].is_object() || !j[section].contains("type")) return;
   json& type = j[section]["type"];
   if (!type.is_string()) return;
-  std::string lower = type.get<std::string>();
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-  for (const char* n : names) {
-    std::string l = n;
-    std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return std::tolower(c); });
-    if (l == lower) type = n;
-  }
+  const std::string given = lower(type.get<std::string>());
+  for (const char* n : names)
+    if (lower(n) == given) type = n;
 }
 
 // The Trainer's all-"auto" batch: longtrain's micro batch of 1, accumulation 1.

@@ -64,20 +64,22 @@ std::shared_ptr<const data::Dataset> makeDataset(const Config& cfg, bool eval) {
   const int width = d.type == config::DataType::Bytes ? 1 : d.type == config::DataType::Uint16 ? 2 : 4;
   data::TokenWindows w;
   w.packEos = d.packing == config::Packing::Documents ? packingEos(cfg, tok.get()) : -1;
-  if (d.evalFraction > 0) {  // the last windows are held out for evaluation
+  // The file's windows are counted once, where the held-out split or the eval cap needs them.
+  // eval_fraction holds the last windows out; evaluation covers at most data.eval_samples of
+  // them, or without eval_fraction of the file's first (which training reads too; the banner
+  // says so).
+  if (d.evalFraction > 0 || eval) {
     const int64_t all = data::TokenFileDataset(d.path, width, d.seqLen, cfg.model.vocabSize).fileWindows();
-    const int64_t held = std::max<int64_t>(1, std::llround(d.evalFraction * static_cast<double>(all)));
-    LT_CHECK(held < all, "data.eval_fraction=", d.evalFraction, " leaves no training window of the ", all,
-             " in data.path='", d.path, "'");
-    w.firstWindow = eval ? all - held : 0;
-    w.numWindows = eval ? held : all - held;
-  }
-  // Evaluation covers at most data.eval_samples windows: the first held out, or without
-  // eval_fraction the file's first (which training reads too; the banner says so).
-  if (eval) {
-    const int64_t available = w.numWindows >= 0 ? w.numWindows
-                                                : data::TokenFileDataset(d.path, width, d.seqLen, cfg.model.vocabSize).fileWindows();
-    w.numWindows = std::min(available, d.evalSamples);
+    int64_t first = 0, count = all;
+    if (d.evalFraction > 0) {
+      const int64_t held = std::max<int64_t>(1, std::llround(d.evalFraction * static_cast<double>(all)));
+      LT_CHECK(held < all, "data.eval_fraction=", d.evalFraction, " leaves no training window of the ", all,
+               " in data.path='", d.path, "'");
+      first = eval ? all - held : 0;
+      count = eval ? held : all - held;
+    }
+    w.firstWindow = first;
+    w.numWindows = eval ? std::min(count, d.evalSamples) : count;
   }
   return std::make_shared<data::TokenFileDataset>(d.path, width, d.seqLen, cfg.model.vocabSize, w);
 }
@@ -105,9 +107,10 @@ Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg
   config::KernelChoices& k = plan_.kernels;
   k.oneDnnGemm = chooseOneDnnGemm();
   k.bf16Gemms = cfg_.precision.bf16 && chooseBf16();  // against the fp32 route just chosen
-  // A CPU capability: agreeOnPlan() refuses a world whose CPUs differ in it.
-  k.bf16Attention = k.bf16Gemms && cfg_.precision.attention && cfg_.model.attention == config::AttentionKernel::Fused &&
-                    model::fusedAttentionBf16Supported();
+  // bf16.attention asked for, where the model's rule allows it (bf16 GEMMs, the fused kernel, a
+  // CPU with AVX512_BF16): a CPU capability, so agreeOnPlan() refuses a world whose CPUs differ.
+  k.bf16Attention = cfg_.precision.attention;
+  k.bf16Attention = model::attentionInBf16(plan_.model(cfg_.model));
   k.packedDocuments = cfg_.data.packing == config::Packing::Documents;
   // With init_from the weights come from its safetensors (loadInitialWeights, below).
   model_ = std::make_unique<model::Model>(plan_.model(cfg_.model), cfg_.seed, /*initialize=*/cfg_.model.initFrom.empty());
