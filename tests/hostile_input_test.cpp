@@ -87,10 +87,11 @@ TEST(UserWords, MessagesNameOnlyWhatTheUserGave) {
   for (const auto& c : cases) {
     const auto r = run(c.args);
     expectRefused(r, c.expect, c.args);
-    for (const auto& name : foreign)
-      if (c.args.find(name) == std::string::npos)
-        EXPECT_EQ(r.out.find(name), std::string::npos) << "'" << name << "' named to a user who gave:\n"
-                                                       << c.args << "\n" << r.out;
+    for (const auto& name : foreign) {
+      if (c.args.find(name) != std::string::npos) continue;  // the user's own word may come back
+      EXPECT_EQ(r.out.find(name), std::string::npos) << "'" << name << "' named to a user who gave:\n"
+                                                     << c.args << "\n" << r.out;
+    }
   }
 }
 
