@@ -4,7 +4,9 @@
 # by build/bench_allreduce_env in the same processes at each size (not a test). Runs it REPS
 # times and prints each run and the per-size medians: the figures are noisy on a shared
 # machine, so compare within a run, and over several.
-# Usage: bench/two_hosts.sh [REPS=3]   (after scripts/build.sh)
+# RATE=10gbit (or 1gbit, ...): each direction of the link shaped by a tc token bucket, as a real
+# NIC would be; unset: the bare veth, where the kernel's copies on the shared cores are the wire.
+# Usage: [RATE=R] bench/two_hosts.sh [REPS=3]   (after scripts/build.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${1:-3}
@@ -12,6 +14,10 @@ N=ltbench$$
 bash scripts/netns_hosts.sh up $N 79.0
 OUT=$(mktemp -d /tmp/longtrain-two-hosts.XXXXXX)
 trap "bash scripts/netns_hosts.sh down $N; rm -rf $OUT" EXIT
+if [[ -n ${RATE:-} ]]; then
+  for s in a b; do ip netns exec $N$s tc qdisc add dev ${N}v$s root tbf rate "$RATE" burst 1mb latency 50ms; done
+  echo "link shaped to $RATE each way (tc tbf)"
+fi
 lscpu | grep -E "^Model name|^CPU\(s\)|^CPU family|^Model:" || true
 E="WORLD_SIZE=2 MASTER_ADDR=10.79.0.1 MASTER_PORT=29701"
 for r in $(seq 1 "$REPS"); do

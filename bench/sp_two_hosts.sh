@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# bench/sp_two_hosts.sh: Ulysses SP 4 as 2 hosts x 2 ranks (two network namespaces over a veth
+# pair, each direction shaped by a tc token bucket to RATE) against the same 4 ranks on one
+# host's loopback, on bench/e2e_long.json (seq 4096). Needs root and iproute2 (after
+# scripts/build.sh). Prints the median step time of steps 3.. of each, alternated round by round,
+# and the scaling efficiency: one host's step time over two hosts', the share of the ideal (a
+# free link) that the link leaves. Also the bytes of the all-to-alls that cross the link each way
+# a step, from the shapes (Ulysses: q, k, v and the output, forward and backward, per layer).
+# The one non-obvious decision: the baseline is the same 4 ranks and threads on one host, not
+# SP 1 x 4: on a 2-core machine 4 ranks are 2x oversubscribed, so only the link's cost is
+# measurable here; a machine with a core per rank measures SP's own scaling the same way.
+# Usage: [RATES="10gbit 1gbit"] [ROUNDS=2] bash bench/sp_two_hosts.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=./build/longtrain
+CFG=bench/e2e_long.json
+read -r -a rates <<<"${RATES:-10gbit 1gbit}"
+ROUNDS=${ROUNDS:-2}
+[[ -x $BIN ]] || { echo "sp_two_hosts: $BIN not found; run scripts/build.sh first" >&2; exit 1; }
+((EUID == 0)) || { echo "sp_two_hosts: needs root (network namespaces)" >&2; exit 1; }
+N=ltsp$$
+OUT=$(mktemp -d /tmp/longtrain-sp-two-hosts.XXXXXX)
+bash scripts/netns_hosts.sh up $N 81.0
+trap 'bash scripts/netns_hosts.sh down $N' EXIT
+COMMON=(--set sequence_parallel_size=4 --set train.threads=1 --set train.steps=8)
+lscpu | grep -E "^Model name|^CPU\(s\)|^CPU family|^Model:" || true
+echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg); results in $OUT"
+
+shape() {  # shape RATE: both ends' egress limited to RATE ("none": no qdisc)
+  for s in a b; do
+    ip netns exec $N$s tc qdisc del dev ${N}v$s root 2>/dev/null || true
+    [[ $1 == none ]] || ip netns exec $N$s tc qdisc add dev ${N}v$s root tbf rate "$1" burst 1mb latency 50ms
+  done
+}
+one_host() {  # one_host METRICS
+  $BIN train $CFG --nproc 4 "${COMMON[@]}" --metrics "$1" >"$1.log" 2>&1 || { cat "$1.log" >&2; exit 1; }
+}
+two_hosts() {  # two_hosts METRICS
+  local node=(--nnodes 2 --nproc-per-node 2 --master-addr 10.81.0.1 --master-port 29811 --rdzv-id $N --rdzv-timeout 60)
+  ip netns exec ${N}b $BIN train $CFG "${COMMON[@]}" "${node[@]}" --node-rank 1 >"$1.n1.log" 2>&1 &
+  local n1=$!
+  ip netns exec ${N}a $BIN train $CFG "${COMMON[@]}" "${node[@]}" --node-rank 0 --metrics "$1" >"$1.log" 2>&1 ||
+    { cat "$1.log" "$1.n1.log" >&2; exit 1; }
+  wait $n1 || { cat "$1.n1.log" >&2; exit 1; }
+}
+for rate in "${rates[@]}"; do
+  shape "$rate"
+  for ((r = 1; r <= ROUNDS; r++)); do
+    one_host "$OUT/one.$rate.$r.jsonl"
+    two_hosts "$OUT/two.$rate.$r.jsonl"
+  done
+done
+
+python3 - "$OUT" "$ROUNDS" "$CFG" "${rates[@]}" <<'PY'
+import json, re, statistics, sys
+out, rounds, cfg, rates = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+c = json.loads("\n".join(l for l in open(cfg) if not re.match(r"\s*//", l)))
+m, S, P = c["model"], c["data"]["seq_len"], 4
+kv = m["num_kv_heads"] * m["hidden_size"] // m["num_heads"]
+# Per rank and layer, each all-to-all sends (P-1)/P of its [S/P, width] slice; of that, the 2 peers
+# on the other host get 2/(P-1). Forward (q, k, v, output) and backward (their gradients).
+local = (2 * m["hidden_size"] + 2 * kv) * (S // P) * 4
+cross = 2 * m["num_layers"] * local * 2 / P * 2  # x 2 ranks per host: bytes per direction per step
+def steps(path):
+    rows = [json.loads(l) for l in open(path)]
+    assert all(r["loss"] == r["loss"] for r in rows), f"{path}: a NaN loss"
+    return [r["step_time_s"] for r in rows if r["step"] >= 3], [r["loss"] for r in rows]
+print(f"cross-host all-to-all bytes per step, each way: {cross / 2**20:.1f} MiB")
+print("| link (each way) | one host, 4 ranks (s/step) | 2 hosts x 2 ranks (s/step) | efficiency | link time at rate (s) |")
+print("|---|---|---|---|---|")
+for rate in rates:
+    one, two = [], []
+    for r in range(1, rounds + 1):
+        a, la = steps(f"{out}/one.{rate}.{r}.jsonl")
+        b, lb = steps(f"{out}/two.{rate}.{r}.jsonl")
+        assert la == lb, f"round {r} at {rate}: the two-host losses differ from one host's"
+        one += a; two += b
+    t1, t2 = statistics.median(one), statistics.median(two)
+    bits = {"gbit": 1e9, "mbit": 1e6}
+    mm = re.match(r"([0-9.]+)(gbit|mbit)$", rate)
+    link = f"{cross * 8 / (float(mm.group(1)) * bits[mm.group(2)]):.3f}" if mm else "-"
+    print(f"| {rate} | {t1:.3f} | {t2:.3f} | {100 * t1 / t2:.0f}% | {link} |")
+print("losses: bit-identical between one host and two in every round (checked)")
+PY
