@@ -1,5 +1,5 @@
 // bench/ring_attention: one attention call (forward + backward) under SP on thread ranks for
-// Ulysses (all-to-all), ring (K/V all-gather) and the hybrid, contiguous and zigzag: step time
+// Ulysses (all-to-all), ring (K/V passed point to point) and the hybrid, contiguous and zigzag: step time
 // (slowest rank), bytes each rank receives (counted from the shapes the code sends), and the
 // ring kernel's per-rank tile time max/min (zigzag's balance). It also checks the result
 // against one rank's fused attention on the whole sequence.
@@ -40,7 +40,7 @@ struct Mode {
 
 // Bytes one rank receives in one forward + backward (fp32): Ulysses moves (U-1)/U of q, k, v
 // (kv heads replicated up to U) and the output each way; the ring receives R-1 K/V shards in
-// forward, again in backward, and R-1 dK/dV shards in the reduce-scatter.
+// forward, again in backward, and R-1 dK/dV partial sums.
 double bytesPerRank(const Shape& s, const lt::config::ParallelLayout& l) {
   const double n = static_cast<double>(s.S) / l.P, U = l.U, R = l.R;
   const double kvHeads = std::max<double>(static_cast<double>(s.KV), U);  // replicated to U when fewer

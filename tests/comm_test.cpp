@@ -69,6 +69,18 @@ TEST_P(Collectives, ClosedForm) {
     auto b = at::empty_like(a);
     c.allToAll(b, a).wait();
     for (int i = 0; i < n; ++i) EXPECT_EQ(b[i][0].item<float>(), 100.0f * i + r);
+    // sendRecv round the ring, twice in flight at once (fp32 and bf16): each rank passes its
+    // values to the previous rank and receives the next rank's.
+    const int prev = (r + n - 1) % n, next = (r + 1) % n;
+    auto mine = at::arange(6, at::kFloat) + 10.0f * r, theirs = at::empty({2, 3});
+    auto mine16 = (at::arange(3, at::kFloat) * -1.37f + r * 1000.0f).to(at::kBFloat16);
+    auto theirs16 = at::empty({3}, at::kBFloat16);
+    auto w1 = c.sendRecv(mine, prev, theirs, next);
+    auto w2 = c.sendRecv(mine16, prev, theirs16, next);
+    w2.wait();
+    w1.wait();
+    EXPECT_TRUE(at::equal(theirs.view({-1}), at::arange(6, at::kFloat) + 10.0f * next));
+    EXPECT_TRUE(at::equal(theirs16, (at::arange(3, at::kFloat) * -1.37f + next * 1000.0f).to(at::kBFloat16)));
     // broadcast from the last rank.
     auto bc = at::full({4}, static_cast<float>(r));
     c.broadcast(bc, n - 1).wait();

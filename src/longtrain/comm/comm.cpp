@@ -303,6 +303,21 @@ Work Comm::broadcast(at::Tensor t, int root) {
   return Work(pg_->broadcast(ts, o), nullptr, this, "broadcast");
 }
 
+Work Comm::sendRecv(at::Tensor send, int to, at::Tensor recv, int from) {
+  LT_ASSERT(send.numel() == recv.numel() && send.scalar_type() == recv.scalar_type() && recv.is_contiguous());
+  if (send.scalar_type() == at::kBFloat16)  // Gloo 1.13 has no bf16: the bytes travel
+    return sendRecv(send.contiguous().view({-1}).view(at::kByte), to, recv.view({-1}).view(at::kByte), from);
+  if (size_ == 1) {
+    recv.copy_(send);
+    return {};
+  }
+  const int tag = sendRecvCount_;
+  sendRecvCount_ = (sendRecvCount_ + 1) % (1 << 24);
+  std::vector<at::Tensor> out{send.contiguous().view({-1})}, in{recv.view({-1})};
+  std::vector<c10::intrusive_ptr<c10d::Work>> ws{pg_->send(out, to, tag), pg_->recv(in, from, tag)};
+  return Work(std::move(ws), this, "sendRecv");
+}
+
 void Comm::barrier() {
   if (size_ == 1) return;
   // An allReduce of one element, not c10d's barrier: it honours our timeout the same way

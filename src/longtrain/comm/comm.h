@@ -120,6 +120,10 @@ class Comm {
   // in/out: dim 0 divisible by size; chunk i of `in` goes to rank i, out's chunk j came from j.
   Work allToAll(at::Tensor out, at::Tensor in);
   Work broadcast(at::Tensor t, int root);
+  // One step of a ring: sends `send` to group rank `to` and receives `recv` (same size) from
+  // `from`, concurrently. Every rank of the group calls it the same number of times in the same
+  // order (each call's tag is the group's count of them). bf16 travels as bytes.
+  Work sendRecv(at::Tensor send, int to, at::Tensor recv, int from);
   void barrier();
 
   // Chunk sizes of an N-element buffer split over the group: ZeRO's partition rule
@@ -138,6 +142,7 @@ class Comm {
   std::string name_;
   std::vector<int> globalRanks_;
   std::shared_ptr<Liveness> liveness_;
+  int sendRecvCount_ = 0;  // the tag of the next sendRecv (the same on every rank)
 };
 
 // The world, sequence-parallel and data-parallel groups of one rank (SP groups

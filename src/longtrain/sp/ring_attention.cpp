@@ -1,5 +1,8 @@
 // Ring attention: a blocked online softmax of the local query rows over the key blocks of
-// every ring rank's shard, local shard first (while the all-gather of the others flies).
+// every ring rank's shard, the shards passed round the ring one step at a time (P2P), each step's
+// pass overlapped with the compute on the shard held, so a rank holds two K/V shards, never R.
+// Backward passes each shard's dK/dV partial sum round the ring one step behind its K/V, so
+// the sum reaches its owner with no all-gather or reduce-scatter, and the same bytes.
 // Non-obvious: query heads are grouped under their kv head ([B, KV, G*n, D] rows), so GQA
 // reads each kv head once and dK/dV sum over the group inside the GEMMs; and each tile is
 // classified from its index bounds as skipped (no key visible), full (every key visible: no
@@ -150,12 +153,12 @@ class ComputeTimer {
   std::chrono::steady_clock::time_point t0_;
 };
 
-// Starts gathering every ring rank's [2, B, KV, n, D] K/V into `all` [R, 2, B, KV, n, D].
-comm::Work gatherKv(comm::Comm* ring, const at::Tensor& local, at::Tensor& all) {
-  if (!ring || ring->size() == 1) return {};
-  all = at::empty({ring->size(), local.size(0), local.size(1), local.size(2), local.size(3), local.size(4)},
-                  local.options());
-  return ring->allGather(all, local);
+// Starts passing `held` one step round the ring: to the previous rank, while the next rank's
+// arrives in `arriving`. So at step t a rank holds shard (rank + t) % R, the fold's order.
+comm::Work passOn(comm::Comm* ring, const at::Tensor& held, at::Tensor& arriving) {
+  arriving = at::empty_like(held);
+  const int R = ring->size(), me = ring->rank();
+  return ring->sendRecv(held, (me + R - 1) % R, arriving, (me + 1) % R);
 }
 
 struct RingFn : torch::autograd::Function<RingFn> {
@@ -169,19 +172,20 @@ struct RingFn : torch::autograd::Function<RingFn> {
     comm::Comm* ring = commFrom(ringPtr);
     const int R = ring ? ring->size() : 1, me = ring ? ring->rank() : 0;
     const int64_t n = k.size(2);
-    at::Tensor all;
-    comm::Work inFlight = gatherKv(ring, at::stack({k, v}), all);
     const Rows rows(rowIndex, rowStart);
     Softmax st(q);
-    timer.start();
-    forwardSource(st, q, k, v, rows, keyIndex.slice(0, me * n, (me + 1) * n), chunk);
-    timer.stop();
-    inFlight.wait();
-    timer.start();
-    for (int t = 1; t < R; ++t) {
+    at::Tensor held = R > 1 ? at::stack({k, v}) : at::Tensor(), arriving;  // [2, B, KV, n, D]
+    for (int t = 0; t < R; ++t) {
       const int src = (me + t) % R;
-      forwardSource(st, q, all[src][0], all[src][1], rows, keyIndex.slice(0, src * n, (src + 1) * n), chunk);
+      comm::Work inFlight = t + 1 < R ? passOn(ring, held, arriving) : comm::Work();
+      timer.start();
+      forwardSource(st, q, R > 1 ? held[0] : k, R > 1 ? held[1] : v, rows, keyIndex.slice(0, src * n, (src + 1) * n),
+                    chunk);
+      timer.stop();
+      inFlight.wait();
+      if (t + 1 < R) held = arriving;
     }
+    timer.start();
     auto out = st.acc / st.l;
     auto lse = st.m + at::log(st.l);
     timer.stop();
@@ -203,33 +207,38 @@ struct RingFn : torch::autograd::Function<RingFn> {
     const int64_t chunk = ctx->saved_data["chunk"].toInt(), n = k.size(2);
     const auto keyIndex = ctx->saved_data["keyIndex"].toTensor();
     const int R = ring ? ring->size() : 1, me = ring ? ring->rank() : 0;
-    at::Tensor all;
-    comm::Work inFlight = gatherKv(ring, at::stack({k, v}), all);  // again: forward kept only the local shard
     const Rows rows(ctx->saved_data["rowIndex"].toTensor(), ctx->saved_data["rowStart"].toTensor());
     auto dO = grads[0].contiguous();
     auto delta = (dO * out).sum(-1, true);  // [B, KV, M, 1]
     auto dq = at::zeros_like(q);
-    auto dkv = at::zeros({R, 2, k.size(0), k.size(1), n, k.size(3)}, k.options());  // per source shard
-    auto source = [&](int src, const at::Tensor& ks, const at::Tensor& vs) {
-      backwardSource(q, ks, vs, dO, lse, delta, rows, keyIndex.slice(0, src * n, (src + 1) * n), chunk, dq,
-                     dkv[src][0], dkv[src][1]);
-    };
     ComputeTimer timer(ctx->saved_data["timer"].toInt());
-    timer.start();
-    source(me, k, v);
-    timer.stop();
-    inFlight.wait();
-    timer.start();
-    for (int t = 1; t < R; ++t) {
+    // K/V go round again (forward kept only the local shard). Each other shard's dK/dV partial
+    // sum follows one step behind its K/V, gaining each rank's contribution, and ends at its
+    // owner, which adds its own contribution (computed first, while the first K/V step flies).
+    at::Tensor held = at::stack({k, v}), arriving, own, partial;  // [2, B, KV, n, D] each
+    comm::Work kvInFlight, partialInFlight;
+    for (int t = 0; t < R; ++t) {
       const int src = (me + t) % R;
-      source(src, all[src][0], all[src][1]);
+      if (t + 1 < R) kvInFlight = passOn(ring, held, arriving);
+      auto dkv = at::zeros_like(held);
+      timer.start();
+      backwardSource(q, held[0], held[1], dO, lse, delta, rows, keyIndex.slice(0, src * n, (src + 1) * n), chunk, dq,
+                     dkv[0], dkv[1]);
+      timer.stop();
+      if (t == 0) {
+        own = dkv;
+      } else {
+        if (t > 1) {
+          partialInFlight.wait();
+          dkv.add_(partial);
+        }
+        partialInFlight = passOn(ring, dkv, partial);  // at t = R - 1 it reaches src's owner
+      }
+      kvInFlight.wait();
+      if (t + 1 < R) held = arriving;
     }
-    timer.stop();
-    at::Tensor mine = dkv[0];
-    if (R > 1) {  // each owner receives the sum over the ring of its shard's dK/dV
-      mine = at::empty({2, k.size(0), k.size(1), n, k.size(3)}, k.options());
-      ring->reduceScatter(mine, dkv).wait();
-    }
+    partialInFlight.wait();
+    const at::Tensor mine = R > 1 ? own.add_(partial) : own;
     return {dq, mine[0], mine[1], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
