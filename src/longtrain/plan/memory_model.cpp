@@ -20,6 +20,7 @@
 #include "longtrain/core/memory.h"
 #include "longtrain/core/strings.h"
 #include "longtrain/model/footprint.h"
+#include "longtrain/offload/footprint.h"
 #include "longtrain/sp/footprint.h"
 
 namespace lt::plan {
@@ -242,6 +243,7 @@ compile::Program programOf(const config::Config& c, const Counts& n, int graphBl
 struct Walk {
   std::set<int> inputs;    // kept block inputs in memory: x_0 .. x_L
   int inFlight = -1;       // the input whose write to disk may still be running (until the loss ends)
+  bool readAhead = false;  // an input is being read back during the next compute instruction
   std::set<int> graphs;    // blocks whose autograd graph is kept (ForwardGraph to Backward)
   std::set<int> gathered;  // parameter groups gathered (ZeRO-3)
   double gradsDone = 0;    // parameters whose gradients this micro-step has produced
@@ -266,6 +268,7 @@ Phase phaseAt(const StepTerms& t, const Walk& w, compile::OpCode op, int g) {
   else p.grads = t.grads;  // stage 0: the parameters' gradients are views of one buffer, reduced in place
   p.optim = t.optim;
   p.transient = loss ? t.loss : t.block;
+  if (w.inFlight >= 0 || w.readAhead) p.transient.add(offload::copyFootprint(t.uD));  // a copy's mapped chunk
   p.name = loss ? std::string(t.s.lossTile < t.s.tokens ? "loss (logits tiles)" : "loss (whole logits)")
                 : "backward of block " + std::to_string(g) + (t.attnPeak ? " (attention)" : " (MLP)");
   return p;
@@ -288,7 +291,10 @@ int walkProgram(const compile::Program& prog, const StepTerms& t, std::vector<Ph
         w.inFlight = g;
         ++w.offloaded;
         break;
-      case OpCode::ReloadActivation: w.inputs.insert(g); break;
+      case OpCode::ReloadActivation:
+        w.inputs.insert(g);
+        w.readAhead = true;
+        break;
       case OpCode::Gather:
       case OpCode::Prefetch: w.gathered.insert(g); break;
       case OpCode::Release: w.gathered.erase(g); break;
@@ -297,12 +303,14 @@ int walkProgram(const compile::Program& prog, const StepTerms& t, std::vector<Ph
         phases.push_back(phaseAt(t, w, in.op, g));
         w.inputs.erase(L);  // the executor drops the final hidden state
         w.inFlight = -1;
+        w.readAhead = false;
         break;
       case OpCode::RecomputeBackward:
       case OpCode::Backward:
         w.gradsDone += t.n.blockN;
         phases.push_back(phaseAt(t, w, in.op, g));
         w.graphs.erase(g);
+        w.readAhead = false;
         break;
       case OpCode::FreeActivation: w.inputs.erase(g); break;
       case OpCode::EmbedBackward: w.gradsDone += t.n.embedN; break;
