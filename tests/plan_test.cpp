@@ -232,14 +232,22 @@ double measuredPeak(const json& j, const std::string& name) {
   return measured;
 }
 
-TEST(Plan, PredictionMatchesMeasuredPeakRss) {
-  // The process baseline is measured here, on this build and allocator, by a run whose
-  // tensors are < 1 MiB; the model's own constant is checked against it separately.
+// A run whose tensors are < 1 MiB: its peak is the process baseline, on this build and allocator.
+json tinyConfig() {
   json tiny = planConfig();
   tiny["model"] = {{"vocab_size", 64}, {"hidden_size", 32}, {"num_layers", 2}, {"num_heads", 4}, {"intermediate_size", 48}};
   tiny["data"]["kv"] = {{"num_pairs", 4}, {"num_queries", 4}, {"num_keys", 16}, {"num_values", 8}, {"num_noise", 8}};
   tiny["data"]["seq_len"] = 64;
   tiny["train"]["threads"] = 1;
+  return tiny;
+}
+
+int64_t measuredPeakOfTiny() { return static_cast<int64_t>(measuredPeak(tinyConfig(), "baseline")); }
+
+TEST(Plan, PredictionMatchesMeasuredPeakRss) {
+  // The process baseline is measured here by a tiny run; the model's stand-in (no process has
+  // measured one in this test binary) is checked against it separately.
+  const json tiny = tinyConfig();
   const double baseline = measuredPeak(tiny, "baseline");
   const double modelBaseline = static_cast<double>(predictPeak(parse(tiny, 1), 1).baseline);
   std::printf("plan: baseline measured %.1f MiB, the model's %.1f MiB\n", baseline / (1 << 20), modelBaseline / (1 << 20));
@@ -267,3 +275,52 @@ TEST(Plan, PredictionMatchesMeasuredPeakRss) {
 }
 
 }  // namespace
+
+namespace {
+
+// `plan --max-seq BUDGET`'s longest seq_len and the peak a 1-step run at it measures (VmHWM).
+struct FitCheck {
+  int64_t seqLen = 0;
+  double peak = 0;
+};
+
+FitCheck runAtMaxSeq(const json& j, int64_t budgetMiB) {
+  const std::string name = "fit-" + std::to_string(budgetMiB);
+  auto cfg = writeConfig(name + ".json", j).string();
+  auto p = sh(kBin + " plan " + cfg + " --max-seq " + std::to_string(budgetMiB) + "MiB");
+  EXPECT_EQ(p.code, 0) << p.out;
+  FitCheck out;
+  const auto at = p.out.find("longest seq_len ");
+  if (at == std::string::npos) return out;
+  out.seqLen = std::stoll(p.out.substr(at + 16));
+  json run = j;
+  run["data"]["seq_len"] = out.seqLen;
+  run["train"]["memory_budget"] = std::to_string(budgetMiB) + "MiB";
+  out.peak = measuredPeak(run, name);
+  return out;
+}
+
+}  // namespace
+
+// The plan's promise: a run at the longest seq_len `plan --max-seq BUDGET` names peaks under
+// BUDGET. A model whose memory grows fast in seq_len (whole logits of a 8192 vocabulary) keeps
+// the lengths short and the runs quick; budgets 80 to 230 MiB over the baseline (its model state
+// is 42 MiB).
+TEST(Plan, RunAtMaxSeqPeaksUnderBudget) {
+  json j = planConfig();
+  j["model"] = {{"vocab_size", 8192}, {"hidden_size", 128}, {"num_layers", 2}, {"num_heads", 4},
+                {"intermediate_size", 512}};
+  j["train"]["steps"] = 1;
+  j["train"]["threads"] = 1;
+  const int64_t base = measuredPeakOfTiny() / (1 << 20);
+  int64_t previous = 0;
+  for (int64_t over : {80, 130, 230}) {
+    const int64_t budget = base + over;
+    const FitCheck f = runAtMaxSeq(j, budget);
+    ASSERT_GT(f.seqLen, previous) << "budget " << budget << " MiB";
+    std::printf("plan --max-seq %lld MiB: seq_len %lld, measured peak %.1f MiB\n", (long long)budget,
+                (long long)f.seqLen, f.peak / (1 << 20));
+    EXPECT_LE(f.peak, static_cast<double>(budget) * (1 << 20)) << "seq_len " << f.seqLen;
+    previous = f.seqLen;
+  }
+}

@@ -1,7 +1,8 @@
 // `longtrain plan` (each rank's predicted peak memory, or the longest seq_len within a budget and
 // the ablation ladder's) and `longtrain config` (the config checked as train checks it, printed
-// with every default). Both read a config and run nothing. Non-obvious: plan assumes bf16 GEMMs
-// when bf16.enabled, while a run measures and may fall back to fp32 (plan says so).
+// with every default). Both read a config and train nothing. Non-obvious: plan assumes bf16 GEMMs
+// when bf16.enabled, while a run measures and may fall back to fp32 (plan says so); and the
+// process baseline is measured by a run of this binary (train/process_baseline.h).
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,7 @@
 #include "longtrain/config/parse.h"
 #include "longtrain/config/run_plan.h"
 #include "longtrain/plan/memory_model.h"
+#include "longtrain/train/process_baseline.h"
 
 namespace lt::cli {
 
@@ -60,9 +62,14 @@ void printPeak(const config::Config& cfg, int world) {
   printBreakdown(plan::predictPeak(cfg, world, k));
 }
 
-// The longest seq_len of `c` on `w` ranks within `budget`, and its predicted peak in MiB ("-": none).
+// --max-seq keeps this share of the budget free: the model's accuracy target (bench/plan_accuracy.sh),
+// so that a run at the length it names peaks under the budget when the prediction is within it.
+constexpr double kFitMargin = 0.03;
+
+// The longest seq_len of `c` on `w` ranks within `budget` less the margin, and its predicted peak
+// in MiB ("-": none).
 int64_t longestSeq(const config::Config& c, int w, int64_t budget, std::string* peak) {
-  const int64_t s = plan::maxSeqLen(c, w, budget);
+  const int64_t s = plan::maxSeqLen(c, w, static_cast<int64_t>((1 - kFitMargin) * static_cast<double>(budget)));
   *peak = "-";
   if (s > 0) {
     config::Config at = c;
@@ -73,7 +80,8 @@ int64_t longestSeq(const config::Config& c, int w, int64_t budget, std::string* 
 }
 
 void printMaxSeq(const config::Config& cfg, int world, int64_t budget) {
-  std::printf("budget %.1f MiB per rank\n", mib(budget));
+  std::printf("budget %.1f MiB per rank (lengths are chosen within %.0f%% of it: the model's accuracy target)\n",
+              mib(budget), 100 * (1 - kFitMargin));
   std::string peak;
   const int64_t s = longestSeq(cfg, world, budget, &peak);
   // The plan's recompute choice is made against the budget: the run must be given the same one.
@@ -111,6 +119,7 @@ int runPlan(const ConfigFlags& f) {
   const config::Config cfg = assumed.applied(parsed);
   for (const auto& line : cfg.notices) std::printf("longtrain: %s\n", line.c_str());
   const int64_t budget = f.maxSeq.empty() ? 0 : plan::parseBytes(f.maxSeq);
+  train::calibrateProcessBaseline(world, cfg.train.threads);  // measured: train/process_baseline.h
   printHeader(cfg, world);
   if (f.maxSeq.empty()) printPeak(cfg, world);
   else printMaxSeq(cfg, world, budget);

@@ -20,6 +20,7 @@
 #include "longtrain/offload/activation_file.h"
 #include "longtrain/plan/preflight.h"
 #include "longtrain/train/inputs.h"
+#include "longtrain/train/process_baseline.h"
 #include "longtrain/train/trainer.h"
 
 namespace lt::cli {
@@ -91,6 +92,7 @@ int runRank(const config::Config& cfg, const TrainFlags& fl, const std::string& 
   bo.threads = cfg.train.threads;
   bo.agreed = config::agreedKeys(cfg);
   comm::RankSetup rank = comm::bringUp(bo);
+  train::rankProcessBaseline(rank.rendezvous.size, cfg.train.threads);  // what "auto" recompute plans against
   train::TrainOptions to = trainOptions(fl, resume, rank.rendezvous.rank);
   to.engine.rankCpus = rank.cpus;
   to.engine.localRanks = rank.rendezvous.localSize;

@@ -8,6 +8,7 @@
 
 #include <chrono>
 
+#include "longtrain/compile/footprint.h"
 #include "longtrain/core/check.h"
 #include "longtrain/core/trace.h"
 
@@ -208,6 +209,20 @@ at::Tensor Executor::lossAndGrad(const at::Tensor& h, const at::Tensor& shiftLab
     gradH.slice(1, s0, s1).copy_(hs.grad());
   }
   return gradH;
+}
+
+// Footprints (footprint.h). The batch: ids, labels, positions, shift_labels as int64 (the
+// Ulysses loader all-gathers the P batches and queues P shards: the same total), plus
+// kv_recall's samples as vectors while collating.
+double batchBytes(const StepShape& s) { return 48 * s.batch * s.seq; }
+
+// RecomputeBackward and Backward: the block's output y and the upstream gradient r.grad;
+// LossAndGrad in tiles: the gradient of its input, assembled tile by tile.
+TensorBytes executorWork(OpCode op, const StepShape& s) {
+  TensorBytes t;
+  if (op == OpCode::RecomputeBackward || op == OpCode::Backward) t.add(2, s.rows(s.hidden));
+  if (op == OpCode::LossAndGrad && s.lossTile < s.tokens) t.add(1, s.rows(s.hidden));
+  return t;
 }
 
 }  // namespace lt::compile

@@ -73,6 +73,17 @@ int64_t rankMemoryLimitBytes(int localRanks) {
   return avail / (localRanks > 0 ? localRanks : 1);
 }
 
+int64_t allocatorFreeBytes() {
+  // gperftools' C entry point, looked up: no link dependency on tcmalloc. Only the page heap's
+  // free pages: any later allocation can take them, while the size-class caches (central,
+  // transfer, per-thread) serve only their own small size and stay resident beside the tensors.
+  using GetProperty = int (*)(const char*, size_t*);
+  auto get = reinterpret_cast<GetProperty>(dlsym(RTLD_DEFAULT, "MallocExtension_GetNumericProperty"));
+  size_t v = 0;
+  if (!get || !get("tcmalloc.pageheap_free_bytes", &v)) return -1;
+  return static_cast<int64_t>(v);
+}
+
 std::string allocatorName() {
   if (dlsym(RTLD_DEFAULT, "tc_version")) return "tcmalloc";
   if (dlsym(RTLD_DEFAULT, "mallctl")) return "jemalloc";

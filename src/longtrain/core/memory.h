@@ -12,6 +12,9 @@ int64_t openFileDescriptors();
 // The malloc this process runs: "tcmalloc", "jemalloc" or "glibc" (found by their symbols,
 // so an LD_PRELOAD counts too).
 std::string allocatorName();
+// Bytes of this process's resident memory the allocator holds free for any later allocation to
+// reuse before RSS grows (tcmalloc's page heap); -1 under another allocator.
+int64_t allocatorFreeBytes();
 // Memory one of `localRanks` ranks on this host may use: the smaller of MemAvailable and
 // the cgroup's limit (v2 memory.max, v1 limit_in_bytes) less the cgroup's current use,
 // divided among the local ranks; -1 where /proc/meminfo cannot be read.

@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <atomic>
 #include <iterator>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "longtrain/core/check.h"
 #include "longtrain/core/trace.h"
 #include "longtrain/kernels/attention_kernels.h"
+#include "longtrain/kernels/footprint.h"
 
 namespace lt::kernels {
 
@@ -179,5 +181,22 @@ at::Tensor fusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Te
 }
 
 bool fusedAttentionBf16Supported() { return isaSupported(Isa::Avx512Bf16); }
+
+// Per rank the kernel runs on all S tokens of H/P heads and max(KV/P, 1) kv heads (P = 1: the
+// rank's own). It saves the log-sum-exp [B, H/P, S] beside its inputs and output; backward
+// allocates dq, dk, dv and the transposes kt, vt; each thread's tiles are kilobytes.
+Footprint fusedAttentionFootprint(const StepShape& s, bool ownsInputs) {
+  const double q = s.batch * s.seq * (s.heads / s.sp) * s.headDim * 4;
+  const double kv = s.batch * s.seq * std::max(s.kvHeads / s.sp, 1.0) * s.headDim * 4;
+  Footprint f;
+  f.saved.add(1, s.batch * (s.heads / s.sp) * s.seq * 4);
+  if (ownsInputs) {
+    f.saved.add(2, q);
+    f.saved.add(2, kv);
+  }
+  f.work.add(1, q);
+  f.work.add(4, kv);
+  return f;
+}
 
 }  // namespace lt::kernels

@@ -6,10 +6,12 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "longtrain/core/check.h"
+#include "longtrain/model/footprint.h"
 #include "longtrain/model/model.h"
 
 namespace lt::model {
@@ -208,6 +210,51 @@ RopeTable ropeTable(const at::Tensor& pos, int64_t headDim, double theta, const 
   const double scale = scaling.attentionScale();  // yarn's attention factor scales both
   if (scale == 1) return {at::cos(ang).contiguous(), at::sin(ang).contiguous()};
   return {(at::cos(ang) * scale).contiguous(), (at::sin(ang) * scale).contiguous()};
+}
+
+// Footprints (footprint.h; units as in model.cpp's).
+
+// ChunkedFn saves contiguous q, k, v ([B, H/P, S, Dh], KV expanded) and its output, and the
+// log-sum-exp ([B, H/P, S]). Backward: dO made contiguous, dq, dk, dv, and per tile the scores,
+// p, dp, ds and a temporary ([B, H/P, c, c]).
+Footprint chunkedAttentionFootprint(const StepShape& s) {
+  const double q = s.rows(s.heads * s.headDim), hP = s.heads / s.sp, c = std::min(s.attentionTile, s.seq);
+  Footprint f;
+  f.saved.add(4, q);
+  f.saved.add(1, s.batch * hP * s.seq * 4);
+  f.work.add(4, q);
+  f.work.add(5, s.batch * hP * c * c * 4);
+  return f;
+}
+
+// The MLP half. The norm saves its input and output (fused: 1 uD). Untiled SwiGLU saves
+// gate(x), silu(gate), up(x) and their product (4 uF); fused, the gate/up GEMM's output
+// [B, S/P, 2F] is what the fused SwiGLU saves, down_proj saves the product (uF) and the GEMM
+// [wGate; wUp]. The bf16 GEMM route with fused ops: the GEMMs save bf16 copies of their
+// inputs, so the normed inputs halve while o_proj adds a half-size copy of the attention output
+// (net -0.5 uD), SwiGLU saves gu as bf16 (2 -> 1 uF) and down_proj its input (1 -> 0.5 uF).
+// TiledMlpFn saves only its fp32 input (the half's -0.5 + 0.5 uD: nothing).
+Footprint mlpFootprint(const ModelConfig& m, const StepShape& s) {
+  const double uD = s.rows(s.hidden), uF = s.rows(s.intermediate), DF = s.hidden * s.intermediate * 4;
+  const bool fused = m.fusedKernels, bf16 = m.resolved.bf16Gemms && fused;
+  Footprint f;
+  f.saved.add(fused ? (bf16 && !m.tiledMlp ? 0.5 : 1) : 2, uD);
+  if (fused) f.saved.add(2, DF);
+  if (m.tiledMlp) {
+    // TiledMlpFn::backward: dx, zeroed weight-gradient accumulators and one shard's weight
+    // gradients (6 D x F), one shard's recompute and its gradients (~7 [B, len, F], len =
+    // ceil(S/P / shards) <= hidden).
+    f.work.add(1, uD);
+    f.work.add(6, DF);
+    f.work.add(7, s.batch * std::min(s.tokens, s.hidden) * s.intermediate * 4);
+  } else {
+    // d(product), d(silu), d(up) coexist at the mul's backward (fused: d(product) and d(gate,
+    // up); bf16: the gate/up GEMM's backward rounds d(gate, up), one more), then dm.
+    f.saved.add(fused ? (bf16 ? 1.5 : 3) : 4, uF);
+    f.work.add(bf16 ? 4 : 3, uF);
+    f.work.add(1, uD);
+  }
+  return f;
 }
 
 }  // namespace lt::model

@@ -9,10 +9,12 @@
 #include <cmath>
 
 #include "longtrain/core/check.h"
+#include "longtrain/kernels/footprint.h"
 #include "longtrain/kernels/fused_attention.h"
 #include "longtrain/kernels/fused_ops.h"
 #include "longtrain/kernels/gemm.h"
 #include "longtrain/model/attention.h"
+#include "longtrain/model/footprint.h"
 
 namespace lt::model {
 
@@ -366,6 +368,71 @@ LossSum lossSum(const at::Tensor& logits, const at::Tensor& shiftLabels) {
     out.correct = (flat.argmax(-1).eq(lab) & valid).sum().item<int64_t>();
   }
   return out;
+}
+
+// Footprints (footprint.h). Units: uD = [B, S/P, D], uKV = [B, S/P, KV x Dh], uQ = [B, S/P, H x Dh]
+// (q, the attention's output and their gradients; uD unless head_dim is given), fp32.
+
+Footprint naiveAttentionFootprint(const StepShape& s) {
+  const double q = s.rows(s.heads * s.headDim), scores = s.batch * (s.heads / s.sp) * s.seq * s.seq * 4;
+  Footprint f;
+  // matmul copies q and k^T into contiguous operands (saved by bmm), softmax saves p ([B, H/P, S,
+  // S]), p @ v its copy of v; the causal mask [S, S] is bytes.
+  f.saved.add(3, q);
+  f.saved.add(1, scores);
+  f.saved.add(1, s.seq * s.seq);
+  f.work.add(2, scores);  // at softmax's backward p, dP and dS coexist
+  f.work.add(3, q);       // dq, dk, dv
+  return f;
+}
+
+Footprint attentionCoreFootprint(const ModelConfig& m, const StepShape& s, bool ownsInputs) {
+  if (m.attention == config::AttentionKernel::Naive) return naiveAttentionFootprint(s);
+  if (m.attention == config::AttentionKernel::Chunked) return chunkedAttentionFootprint(s);
+  return kernels::fusedAttentionFootprint(s, ownsInputs);
+}
+
+TensorBytes BlockFootprint::saved() const {
+  TensorBytes t = attention.saved;
+  t.add(mlp.saved);
+  return t;
+}
+
+// The attention half: the norm, the q/k/v projections, the rotations and o_proj save (fused
+// ops: one GEMM against [wq; wk; wv], which also saves that weight; the fused attention keeps a
+// contiguous k), Qwen3's q/k norms their inputs (the ATen composition about twice that; biases
+// are added in place of the GEMM's output: nothing), then the core; backward adds d(x1).
+BlockFootprint blockFootprint(const ModelConfig& m, const StepShape& s, const Footprint& core) {
+  const double uD = s.rows(s.hidden), uKV = s.rows(s.kvHeads * s.headDim), uQ = s.rows(s.heads * s.headDim);
+  const bool fused = m.fusedKernels;
+  BlockFootprint b;
+  Footprint& a = b.attention;
+  a.saved.add(fused ? 5 : 6, uD);
+  a.saved.add(fused && m.attention == config::AttentionKernel::Fused ? 4 : 3, uKV);
+  if (fused) a.saved.add(1, s.hidden * (s.heads * s.headDim + 2 * s.kvHeads * s.headDim) * 4);
+  if (m.qkNorm) {
+    a.saved.add(fused ? 1 : 2, uQ);
+    a.saved.add(fused ? 1 : 2, uKV);
+  }
+  a.add(core);
+  a.work.add(1, uD);
+  b.mlp = mlpFootprint(m, s);
+  return b;
+}
+
+// Per tile of cl tokens. Unfused: the logits [B, cl, V] are freed when lossSum returns, but
+// log_softmax saves its output; backward holds it with nll's gradient and log_softmax's (3
+// [B, cl, V]). Fused (headLoss): one [B, cl, V] buffer holds the logits, then the
+// probabilities, then their gradient, kept from step to step. Both: the final norm's saved
+// tensors and dh (3 [B, cl, D]) and the LM head's weight-gradient temporary (V x D).
+Footprint headLossFootprint(const ModelConfig& m, const StepShape& s) {
+  const double logits = s.batch * s.lossTile * s.vocab * 4;
+  Footprint f;
+  if (m.fusedKernels) f.saved.add(1, logits);
+  else f.work.add(3, logits);
+  f.work.add(3, s.batch * s.lossTile * s.hidden * 4);
+  f.work.add(1, s.vocab * s.hidden * 4);
+  return f;
 }
 
 }  // namespace lt::model

@@ -2,6 +2,7 @@
 // new region at the end of the file (the old one is abandoned, not moved): growth happens only
 // when a tensor is larger than what start-up reserved, so the waste is bounded by one slot.
 #include "longtrain/offload/activation_file.h"
+#include "longtrain/offload/footprint.h"
 
 #include <fcntl.h>
 #include <linux/magic.h>
@@ -196,6 +197,12 @@ void ActivationFile::copy(Task& t) {
   } else {
     read_ += t.bytes;
   }
+}
+
+TensorBytes copyFootprint(double tensorBytes) {
+  TensorBytes t;
+  t.add(1, std::min(tensorBytes, static_cast<double>(ActivationFileOptions{}.chunkBytes)));
+  return t;
 }
 
 }  // namespace lt::offload

@@ -1,19 +1,27 @@
-// The memory model. Each term counts tensors the code holds, in units of one fp32 tensor of a
-// given shape per rank; the derivation of each count is beside it. The step's phases (one
-// block's recompute + backward for every block, the loss, the end of backward under ZeRO-3,
-// the optimizer step, ZeRO-3's construction) are evaluated and the largest is the peak.
-// Arithmetic is in double (a naive [B, H, S, S] at S = 2^24 overflows nothing in double).
+// The memory model: it walks the step program the executor runs (compile::baseProgram with the
+// run's passes) and, at each backward and loss instruction, sums what is held then: the model
+// state, the kept block inputs and graphs, the gathered parameters and the instruction's own
+// footprint, as the code that allocates declares it (footprint.h of kernels/, model/, sp/,
+// compile/). Non-obvious: nothing here restates what a kernel saves; what is left is how the
+// phases compose and what the allocator does with freed blocks. Arithmetic is in double.
 #include "longtrain/plan/memory_model.h"
 
 #include <algorithm>
-#include <cctype>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <set>
 
+#include "longtrain/compile/footprint.h"
+#include "longtrain/compile/passes.h"
+#include "longtrain/compile/schedule.h"
+#include "longtrain/config/validate.h"
 #include "longtrain/core/check.h"
 #include "longtrain/core/memory.h"
 #include "longtrain/core/strings.h"
-#include "longtrain/config/validate.h"
+#include "longtrain/model/footprint.h"
+#include "longtrain/offload/footprint.h"
+#include "longtrain/sp/footprint.h"
 
 namespace lt::plan {
 
@@ -22,12 +30,12 @@ namespace {
 constexpr double kF = 4;  // bytes per fp32 element
 constexpr double kMiB = 1024.0 * 1024.0;
 
-// Process baseline: peak RSS of a 2-layer, hidden-32, 64-token run (0.04M parameters, so its
-// tensors are < 1 MiB), measured with `longtrain train`: libtorch's code and data, OpenMP and
-// Gloo threads, the allocator's own arenas. With glibc malloc: 167.8-169.2 MiB for 1, 2 and 4
-// process ranks and 1 or 2 threads; with tcmalloc (what longtrain links): 185.9-186.9 MiB.
-constexpr double kBaselineBytes = 168.5 * kMiB;
-constexpr double kBaselineTcmallocBytes = 186.0 * kMiB;
+// Used only where no process has measured its baseline (setProcessBaseline): the algebra's
+// unit tests. The last measurement on this build, for a record (tcmalloc, 1 rank, 1 thread: there
+// the resident bytes are the start-up peak, train/process_baseline.h).
+constexpr double kUnmeasuredResidentBytes = 185.5 * kMiB;
+constexpr double kUnmeasuredStartupPeakBytes = 185.5 * kMiB;
+std::atomic<int64_t> gResident{0}, gStartupPeak{0};
 
 // Allocator retention. glibc serves a block below its mmap threshold from its heap and
 // keeps it after free; the threshold rises with use to at most 32 MiB, so blocks of 32 MiB
@@ -35,14 +43,10 @@ constexpr double kBaselineTcmallocBytes = 186.0 * kMiB;
 // (persistent + large blocks) of any phase plus the heap, which grows to the largest working
 // set of small blocks of any phase (often another phase: the loss's logits against the
 // heap left by attention's backward) and keeps a share more (fragmentation: the heap's
-// holes). That share was fitted on bench/plan_accuracy.sh's configs (README, "plan
-// accuracy"); with a fixed 1 MiB mmap threshold (MALLOC_MMAP_THRESHOLD_, little retention)
-// the live bytes alone came within 1% and 5% of the measured peak on two of them. (That
-// setting is not the default: it made chunked attention's steps 3x slower here.)
-// tcmalloc keeps freed spans in its page heap and serves later requests from them, returning
-// little to the OS within a step: RSS at the peak is the baseline plus the largest live set of
-// any phase. Fitted on bench/plan_accuracy.sh's 13 configs: measured/predicted live bytes
-// 0.92-1.16 with no retention term (README, "plan accuracy").
+// holes). That share was fitted on bench/plan_accuracy.sh's configs (docs/performance.md). tcmalloc
+// (what longtrain links) keeps freed spans in its page heap and serves later requests from them,
+// returning little to the OS within a step: RSS at the peak is the measured resident baseline
+// plus the largest live set of any phase (ProcessBaseline says which free memory is reused).
 constexpr double kMmapCeiling = 32 * kMiB;
 constexpr double kHeapFragmentation = 0.8;
 
@@ -58,19 +62,15 @@ struct Bytes {
       small += count * each;
     }
   }
-  void add(const Bytes& o) {
-    small += o.small;
-    large += o.large;
-    largeCount += o.largeCount;
+  void add(const TensorBytes& t) {
+    for (const auto& term : t.terms) add(term.count, term.each);
   }
   double live() const { return small + large; }
 };
 
-struct Dims {
-  double B, S, P, s, D, H, KV, Dh, F, V, L, W;
-  double U, R;      // the SP layout (sp/layout.h): Ulysses x ring; S is the padded length
-  bool ring = false;  // the ring kernel is the attention core (R > 1 or zigzag)
-  double blockN, embedN, headN, N, maxParam;
+// Parameter counts (elements) and the world.
+struct Counts {
+  double L = 0, W = 1, blockN = 0, embedN = 0, headN = 0, N = 0, maxParam = 0;
 };
 
 // From the keys, not c.layout: the ladder and the search change sequence_parallel_size (a
@@ -79,31 +79,38 @@ config::ParallelLayout layoutOf(const config::Config& c) {
   return config::layoutOf(c, c.sequenceParallelSize);
 }
 
-Dims dimsOf(const config::Config& c, int world) {
+StepShape shapeOf(const config::Config& c) {
   const auto& m = c.model;
-  Dims d{};
-  d.B = static_cast<double>(c.microBatch);
   const config::ParallelLayout lay = layoutOf(c);
-  d.S = static_cast<double>(lay.paddedLength(c.data.seqLen));
-  d.P = c.sequenceParallelSize;
-  d.U = lay.U;
-  d.R = lay.R;
-  d.ring = !lay.ulyssesOnly();
-  d.s = d.S / d.P;
-  d.D = static_cast<double>(m.hidden);
-  d.H = static_cast<double>(m.heads);
-  d.KV = static_cast<double>(m.kvHeads);
-  d.Dh = static_cast<double>(m.headDim());
-  d.F = static_cast<double>(m.intermediate);
-  d.V = static_cast<double>(m.vocabSize);
-  d.L = static_cast<double>(m.layers);
-  d.W = world;
-  d.blockN = static_cast<double>(m.blockParams());
-  d.embedN = static_cast<double>(m.embedParams());
-  d.headN = static_cast<double>(m.headParams());
-  d.N = d.L * d.blockN + d.embedN + d.headN;
-  d.maxParam = std::max(d.V * d.D, d.D * d.F);
-  return d;
+  StepShape s;
+  s.batch = static_cast<double>(c.microBatch);
+  s.seq = static_cast<double>(lay.paddedLength(c.data.seqLen));
+  s.sp = c.sequenceParallelSize;
+  s.ulysses = lay.U;
+  s.ring = lay.R;
+  s.tokens = s.seq / s.sp;
+  s.hidden = static_cast<double>(m.hidden);
+  s.heads = static_cast<double>(m.heads);
+  s.kvHeads = static_cast<double>(m.kvHeads);
+  s.headDim = static_cast<double>(m.headDim());
+  s.intermediate = static_cast<double>(m.intermediate);
+  s.vocab = static_cast<double>(m.vocabSize);
+  s.attentionTile = static_cast<double>(m.attentionChunk > 0 ? m.attentionChunk : 256);
+  s.lossTile = m.lossChunk > 0 ? std::min<double>(static_cast<double>(m.lossChunk), s.tokens) : s.tokens;
+  return s;
+}
+
+Counts countsOf(const config::Config& c, int world) {
+  const auto& m = c.model;
+  Counts n;
+  n.L = static_cast<double>(m.layers);
+  n.W = world;
+  n.blockN = static_cast<double>(m.blockParams());
+  n.embedN = static_cast<double>(m.embedParams());
+  n.headN = static_cast<double>(m.headParams());
+  n.N = n.L * n.blockN + n.embedN + n.headN;
+  n.maxParam = std::max(static_cast<double>(m.vocabSize * m.hidden), static_cast<double>(m.hidden * m.intermediate));
+  return n;
 }
 
 struct Phase {
@@ -114,163 +121,55 @@ struct Phase {
   double live() const { return held() + acts.live() + transient.live(); }
 };
 
-// One block's recompute (forward with grad) and backward, per rank. Units:
-//   uD = [B, S/P, D]; uKV = [B, S/P, KV*Dh]; uF = [B, S/P, F];
-//   uA = [B, H/P, S, S] (naive scores); uC = [B, H/P, c, c] (one chunked-attention tile).
-// Under Ulysses the attention core holds [B, S, H/P, Dh] per rank: the same bytes as uD.
-// Returns the larger of the MLP's and the attention's backward working sets; `saved` gets
-// what a block that keeps its graph holds from its forward to its backward (beyond its input).
-// The attention half: what autograd saves for it (`saved`) and what its backward adds (`work`).
-void attentionCost(const config::Config& c, const Dims& d, Bytes& savedAttn, Bytes& attnWork) {
-  const double uD = d.B * d.s * d.D * kF, uKV = d.B * d.s * d.KV * d.Dh * kF;
-  // q, the attention's output and their gradients: [B, S/P, H x Dh], uD unless head_dim is given
-  const double uQ = d.B * d.s * d.H * d.Dh * kF;
-  const double hP = d.H / d.P;
-  const bool fusedOps = c.model.fusedKernels;
-  savedAttn.add(fusedOps ? 5 : 6, uD);
-  savedAttn.add(fusedOps && c.model.attention == config::AttentionKernel::Fused ? 4 : 3, uKV);
-  if (fusedOps) savedAttn.add(1, d.D * (d.H * d.Dh + 2 * d.KV * d.Dh) * kF);
-  // Qwen3's q/k norms save their inputs (contiguous copies of the q and k columns); the ATen
-  // composition saves about twice that. Biases are added in place of the GEMM's output: nothing.
-  if (c.model.qkNorm) {
-    savedAttn.add(fusedOps ? 1 : 2, uQ);
-    savedAttn.add(fusedOps ? 1 : 2, uKV);
+// The quantities every phase shares.
+struct StepTerms {
+  StepShape s;
+  Counts n;
+  bool z3 = false, zero = false;
+  // Stage 1 keeps gradients whole until the step's last micro-batch (with one micro-batch that
+  // is every one: it then buckets like stage 2).
+  bool accumulatesWhole = false;
+  double uD = 0;      // [B, S/P, D]: one kept block input
+  double batch = 0;   // batch tensors
+  double sgFull = 0;  // full gradients that can wait in a ZeRO bucket
+  double params = 0, grads = 0, optim = 0;  // persistent (modelState)
+  Bytes block;         // one block's backward working set
+  TensorBytes saved;   // what a kept graph holds
+  Bytes loss;          // one loss tile's working set
+  TensorBytes kept;    // buffers the model keeps from the first loss on (the fused head's)
+  bool attnPeak = false;
+};
+
+// A block's backward (recompute or kept graph: the same working set) runs its halves in turn:
+// the MLP's over everything the block saved, then the attention's over what attention saved.
+// The executor holds the block's output and the upstream gradient throughout.
+void addBlockTerms(const config::Config& c, StepTerms& t) {
+  const model::BlockFootprint b = model::blockFootprint(c.model, t.s, sp::attentionFootprint(c, t.s));
+  const TensorBytes exec = compile::executorWork(compile::OpCode::RecomputeBackward, t.s);
+  Bytes attn, mlp;
+  for (Bytes* p : {&attn, &mlp}) {
+    p->add(b.attention.saved);
+    p->add(exec);
   }
-  if (d.ring) {
-    // RingFn (sp/ring_attention.cpp) is the core. Per rank it holds U s query tokens of H/U
-    // heads (uD bytes) and U s tokens of max(KV/U, 1) kv heads (uKVr). It saves q grouped under
-    // its kv head and its output (2 uD), the local k, v (2 uKVr) and the log-sum-exp; under
-    // Ulysses the all-to-alls' outputs too (q, k, v). Backward: the ring's K/V gathered again
-    // (2 R uKVr), dK/dV per source (2 R uKVr), the reduce-scatter's receive buffer (2 R uKVr),
-    // dO, dq (2 uD) and per tile the scores, p, dp, ds and a mask (5 [B, KV, c, c]).
-    const double ch = static_cast<double>(c.model.attentionChunk > 0 ? c.model.attentionChunk : 256);
-    const double uKVr = d.B * d.U * d.s * std::max(d.KV / d.U, 1.0) * d.Dh * kF;
-    savedAttn.add(2, uQ);
-    savedAttn.add(2, uKVr);
-    savedAttn.add(1, d.B * d.H / d.U * d.U * d.s * kF);
-    if (d.U > 1) {
-      savedAttn.add(1, uQ);
-      savedAttn.add(2, uKVr);
-    }
-    attnWork.add(6 * d.R, uKVr);
-    attnWork.add(2, uQ);
-    attnWork.add(5, d.B * std::max(d.KV / d.U, 1.0) * ch * ch * kF);
-  } else if (c.model.attention == config::AttentionKernel::Fused) {
-    // FusedAttentionFn saves its inputs and output and the log-sum-exp ([B, H/P, S]). On one
-    // rank the inputs are the rotations and v above and the output is o_proj's input; under
-    // Ulysses they are the all-to-all's outputs, held only by the kernel (q, out: 2 uD; k, v with
-    // max(KV/P, 1) heads). Backward: dq, dk, dv and the transposes kt, vt (1 uD + 4 uKV);
-    // each thread's tiles are kilobytes.
-    savedAttn.add(1, d.B * hP * d.S * kF);
-    const double uKVh = d.B * d.S * std::max(d.KV / d.P, 1.0) * d.Dh * kF;
-    if (d.P > 1) {
-      savedAttn.add(2, uQ);
-      savedAttn.add(2, uKVh);
-    }
-    attnWork.add(1, uQ);
-    attnWork.add(4, d.P > 1 ? uKVh : uKV);
-  } else if (c.model.attention == config::AttentionKernel::Chunked) {
-    const double ch = std::min<double>(static_cast<double>(c.model.attentionChunk > 0 ? c.model.attentionChunk : 256), d.S);
-    // ChunkedFn saves contiguous q, k, v ([B, H/P, S, Dh], KV expanded) and its output (4 uD)
-    // and the log-sum-exp ([B, H/P, S]). Backward: dO made contiguous, dq, dk, dv (4 uD), and
-    // per tile the scores, p, dp, ds and a temporary (5 uC).
-    savedAttn.add(4, uQ);
-    savedAttn.add(1, d.B * hP * d.S * kF);
-    attnWork.add(4, uQ);
-    attnWork.add(5, d.B * hP * ch * ch * kF);
-  } else {
-    const double uA = d.B * hP * d.S * d.S * kF;
-    // causalAttention: matmul copies q and k^T into contiguous operands (saved by bmm: 2 uD),
-    // softmax saves p (uA), p @ v saves its copy of v (uD); the causal mask [S, S] (bytes).
-    // Backward at softmax: p, dP and dS coexist (+2 uA); dq, dk, dv (3 uD).
-    savedAttn.add(3, uQ);
-    savedAttn.add(1, uA);
-    savedAttn.add(1, d.S * d.S);
-    attnWork.add(2, uA);
-    attnWork.add(3, uQ);
-  }
-  if (d.U > 1) attnWork.add(3, uQ);  // all-to-all backward: contiguous gradient, send, receive
+  attn.add(b.attention.work);
+  mlp.add(b.mlp.saved);
+  mlp.add(b.mlp.work);
+  t.attnPeak = attn.live() >= mlp.live();
+  t.block = t.attnPeak ? attn : mlp;
+  t.saved = b.saved();
 }
 
-// The MLP half, likewise.
-void mlpCost(const config::Config& c, const Dims& d, Bytes& savedMlp, Bytes& mlpWork) {
-  const double uD = d.B * d.s * d.D * kF, uF = d.B * d.s * d.F * kF;
-  const bool fusedOps = c.model.fusedKernels;
-  // MLP half: rmsNorm (2 uD); untiled SwiGLU saves gate(x), silu(gate), up(x) and their
-  // product (4 uF); TiledMLP saves only its input (already counted as m).
-  // Fused: the norm saves 1 uD; the gate/up GEMM's output [B, S/P, 2F] is what the fused
-  // SwiGLU saves, its product (uF) is saved by down_proj, and [wGate; wUp] by the GEMM.
-  // The bf16 GEMM route (bf16.enabled, when the engine chose it) with fused ops: the GEMMs save
-  // bf16 copies of their inputs, so the normed inputs of q/k/v and gate/up halve (-1 uD) while
-  // o_proj adds a half-size copy of the attention output that the kernel keeps in fp32
-  // (+0.5 uD); SwiGLU saves gu as bf16 (2 -> 1 uF) and down_proj its input (1 -> 0.5 uF).
-  // TiledMLP saves its fp32 input itself: only the attention half's -0.5 + 0.5 uD, i.e. nothing.
-  const bool bf16 = c.model.resolved.bf16Gemms && fusedOps;
-  savedMlp.add(fusedOps ? (bf16 && !c.model.tiledMlp ? 0.5 : 1) : 2, uD);
-  if (fusedOps) savedMlp.add(2, d.D * d.F * kF);
-  if (c.model.tiledMlp) {
-    // TiledMlpFn::backward: dx (uD), zeroed weight-gradient accumulators and one shard's
-    // weight gradients (6 x D x F), one shard's recompute and its gradients (~7 [B, len, F],
-    // len = ceil(S/P / shards) <= hidden).
-    const double len = std::min(d.s, d.D);
-    mlpWork.add(1, uD);
-    mlpWork.add(6, d.D * d.F * kF);
-    mlpWork.add(7, d.B * len * d.F * kF);
-  } else {
-    // d(product), d(silu), d(up) coexist at the mul's backward (3 uF), then dm (uD); fused:
-    // d(product) and d(gate, up) (3 uF).
-    savedMlp.add(fusedOps ? (bf16 ? 1.5 : 3) : 4, uF);
-    mlpWork.add(bf16 ? 4 : 3, uF);  // bf16: the gate/up GEMM's backward rounds d(gate, up) (+1 uF)
-    mlpWork.add(1, uD);
-  }
-}
-
-Bytes blockCost(const config::Config& c, const Dims& d, bool* attnPeak, Bytes* saved) {
-  const double uD = d.B * d.s * d.D * kF;
-  Bytes savedAttn, attnWork, savedMlp, mlpWork;
-  attentionCost(c, d, savedAttn, attnWork);
-  mlpCost(c, d, savedMlp, mlpWork);
-  // The executor holds the block's output y and the upstream gradient (2 uD) throughout.
-  Bytes mlpPhase, attnPhase;
-  mlpPhase.add(savedAttn);
-  mlpPhase.add(savedMlp);
-  mlpPhase.add(2, uD);
-  mlpPhase.add(mlpWork);
-  attnPhase.add(savedAttn);
-  attnPhase.add(3, uD);  // y, the upstream gradient, d(x1)
-  attnPhase.add(attnWork);
-  *attnPeak = attnPhase.live() >= mlpPhase.live();
-  *saved = savedAttn;
-  saved->add(savedMlp);
-  return *attnPeak ? attnPhase : mlpPhase;
-}
-
-// The loss phase (Executor::lossAndGrad): per tile of cl tokens, logits [B, cl, V] are freed
-// when lossSum returns, but log_softmax saves its output; backward holds it with nll's
-// gradient and log_softmax's (3 [B, cl, V]); the final norm's saved tensors and dh (3
-// [B, cl, D]); the LM head's weight-gradient temporary (V x D); tiled: gradH (uD). With
-// model.fused_kernels the head is fused with the loss (Model::headLoss): one [B, cl, V]
-// buffer holds the logits, then the probabilities, then their gradient, and the model keeps
-// it from step to step, so predict() counts it in every phase after construction.
-// Tokens per sequence in one loss tile (Executor::lossTile).
-double lossTileTokens(const config::Config& c, const Dims& d) {
-  return c.model.lossChunk > 0 ? std::min<double>(static_cast<double>(c.model.lossChunk), d.s) : d.s;
-}
-
-Bytes lossCost(const config::Config& c, const Dims& d) {
-  const double cl = lossTileTokens(c, d);
-  Bytes t;
-  if (!c.model.fusedKernels) t.add(3, d.B * cl * d.V * kF);  // fused: Model::headLoss's kept buffer (predict)
-  t.add(3, d.B * cl * d.D * kF);
-  t.add(1, d.V * d.D * kF);
-  if (cl < d.s) t.add(1, d.B * d.s * d.D * kF);
-  return t;
+void addLossTerms(const config::Config& c, StepTerms& t) {
+  const Footprint f = model::headLossFootprint(c.model, t.s);
+  t.loss.add(f.work);
+  t.loss.add(compile::executorWork(compile::OpCode::LossAndGrad, t.s));
+  t.kept.add(f.saved);
 }
 
 }  // namespace
 
 ModelState modelState(const config::Config& c, int world) {
-  const Dims d = dimsOf(c, world);
+  const Counts d = countsOf(c, world);
   const int stage = c.zero.stage;
   const double share = stage >= 1 ? 1.0 / d.W : 1.0;  // masters, Adam states, gradient partitions
   double optim = 2 * d.N * kF * share;
@@ -289,107 +188,141 @@ ModelState modelState(const config::Config& c, int world) {
   return m;
 }
 
+void setProcessBaseline(const ProcessBaseline& b) {
+  LT_ASSERT(b.resident > 0 && b.startupPeak > 0);
+  gResident = b.resident;
+  gStartupPeak = b.startupPeak;
+}
+
+ProcessBaseline processBaseline() {
+  if (gResident > 0) return {gResident, gStartupPeak};
+  return {static_cast<int64_t>(kUnmeasuredResidentBytes), static_cast<int64_t>(kUnmeasuredStartupPeakBytes)};
+}
+
 namespace {
 
 struct Prediction {
   MemoryBreakdown breakdown;
   double largeCount = 0;  // tensors at or above the mmap ceiling, over all phases
+  int offloaded = 0;      // block inputs the program writes to disk
 };
-
-// The quantities every phase shares.
-struct StepTerms {
-  Dims d;
-  bool z3 = false, zero = false;
-  // Stage 1 keeps gradients whole until the step's last micro-batch (with one micro-batch that
-  // is every one: it then buckets like stage 2).
-  bool accumulatesWhole = false;
-  double uD = 0;      // [B, S/P, D]
-  double batch = 0;   // batch tensors
-  double sgFull = 0;  // full gradients that can wait in a ZeRO bucket
-  double params = 0, grads = 0, optim = 0;  // persistent (modelState)
-  Bytes block, saved;  // one block's recompute + backward; what a kept graph holds
-  bool attnPeak = false;
-  bool offloadToDisk = false;  // train.offload_dir
-};
-
-// train.offload_dir: the inputs of the recomputed blocks but the last (0..n-1) go to disk
-// (compile/passes.cpp offload_activations).
-int offloadedInputs(const StepTerms& t, int graphBlocks) {
-  return t.offloadToDisk ? std::max(0, static_cast<int>(t.d.L) - graphBlocks - 1) : 0;
-}
 
 StepTerms stepTerms(const config::Config& c, int world) {
   StepTerms t;
-  t.d = dimsOf(c, world);
-  const Dims& d = t.d;
+  t.s = shapeOf(c);
+  t.n = countsOf(c, world);
   t.z3 = c.zero.stage == 3;
   t.zero = c.zero.stage >= 1;
   t.accumulatesWhole = c.zero.stage == 1 && c.gradAccum > 1;
-  t.offloadToDisk = !c.train.offloadDir.empty();
-  t.uD = d.B * d.s * d.D * kF;
-  // Batch tensors: ids, labels, positions, shift_labels as int64 (the Ulysses loader
-  // all-gathers the P batches and queues P shards: the same total), plus kv_recall's
-  // samples as vectors while collating.
-  t.batch = 48 * d.B * d.S;
+  t.uD = t.s.rows(t.s.hidden);
+  t.batch = compile::batchBytes(t.s);
   // Full gradients that can wait in a ZeRO bucket (IpgBuckets): the whole model when
   // sub_group_size >= N (the default 1e9), else about one sub-group.
-  t.sgFull = std::min(d.N, static_cast<double>(c.zero.subGroupSize) + d.maxParam);
+  t.sgFull = std::min(t.n.N, static_cast<double>(c.zero.subGroupSize) + t.n.maxParam);
   const ModelState ms = modelState(c, world);
   t.params = static_cast<double>(ms.parameters);
   t.grads = static_cast<double>(ms.gradients);
   t.optim = static_cast<double>(ms.optimizer);
-  t.block = blockCost(c, d, &t.attnPeak, &t.saved);
+  addBlockTerms(c, t);
+  addLossTerms(c, t);
   return t;
 }
 
-// The backward of each block b (its recompute, or its kept graph: the same working set):
-// inputs of blocks 0..b are still kept (free_activations frees b after), and so are the graphs
-// of the blocks before b that keep theirs (under ZeRO-3 with their parameters gathered).
-void addBackwardPhases(const StepTerms& t, int graphBlocks, std::vector<Phase>& phases) {
-  const Dims& d = t.d;
-  const int L = static_cast<int>(d.L), firstGraph = L - graphBlocks;
-  // With offload to disk, in memory in the backward of block b are the inputs not offloaded,
-  // b's own (taken back) and the one read ahead for b - 1.
-  const int off = offloadedInputs(t, graphBlocks);
-  auto inputsInMemory = [&](int b) { return b + 1 - std::min(b + 1, off) + (b < off) + (b >= 1 && b - 1 < off); };
-  for (int b = L - 1; b >= 0; --b) {
-    const int graphsBefore = std::max(0, b - firstGraph);
-    Phase p;
-    p.acts.add(inputsInMemory(b), t.uD);
-    p.acts.add(1, t.batch);
-    for (int k = 0; k < graphsBefore; ++k) p.acts.add(t.saved);
-    p.params = t.params + (t.z3 ? (1 + graphsBefore) * d.blockN * kF : 0);  // ZeRO-3: block b gathered
-    const double done = d.headN + (d.L - b) * d.blockN;  // gradients produced so far this step
-    if (t.accumulatesWhole) p.grads = t.grads + d.N * kF;
-    else if (t.zero) p.grads = t.grads + std::min(done, t.sgFull) * kF;  // full gradients waiting in buckets
-    else p.grads = t.grads;  // stage 0: the parameters' gradients are views of one buffer, reduced in place
-    p.optim = t.optim;
-    p.transient = t.block;
-    p.name = "backward of block " + std::to_string(b) + (t.attnPeak ? " (attention)" : " (MLP)");
-    phases.push_back(p);
-  }
+// The program a run executes without DeepCompile: the base with its fixed passes (zero3,
+// free_activations, offload_activations), the same functions the engine calls.
+compile::Program programOf(const config::Config& c, const Counts& n, int graphBlocks) {
+  const int L = static_cast<int>(n.L);
+  std::vector<int64_t> groupBytes(L, static_cast<int64_t>(n.blockN * kF));
+  groupBytes.push_back(static_cast<int64_t>(n.headN * kF));
+  groupBytes.push_back(static_cast<int64_t>(n.embedN * kF));
+  const auto ctx = compile::PassContext::from(c, L, groupBytes);
+  return compile::applyPasses(compile::baseProgram(L, graphBlocks), compile::fixedPasses(c), ctx);
 }
 
-// LossAndGrad: every block input (but those on disk, of which one write may still be in
-// flight), the final hidden state and the kept graphs.
-Phase lossPhase(const config::Config& c, const StepTerms& t, int graphBlocks) {
-  const Dims& d = t.d;
-  const int off = offloadedInputs(t, graphBlocks);
+// What the executor holds as it runs the program, instruction by instruction.
+struct Walk {
+  std::set<int> inputs;    // kept block inputs in memory: x_0 .. x_L
+  int inFlight = -1;       // the input whose write to disk may still be running (until the loss ends)
+  bool readAhead = false;  // an input is being read back during the next compute instruction
+  std::set<int> graphs;    // blocks whose autograd graph is kept (ForwardGraph to Backward)
+  std::set<int> gathered;  // parameter groups gathered (ZeRO-3)
+  double gradsDone = 0;    // parameters whose gradients this micro-step has produced
+  int offloaded = 0;
+};
+
+// The phase while instruction `op` of group `g` runs: what the walk holds, and its working set.
+Phase phaseAt(const StepTerms& t, const Walk& w, compile::OpCode op, int g) {
+  const Counts& n = t.n;
+  const int L = static_cast<int>(n.L);
+  const bool loss = op == compile::OpCode::LossAndGrad;
   Phase p;
-  p.acts.add(d.L + 1 - off + (off > 0), t.uD);
+  p.acts.add(static_cast<double>(w.inputs.size()) + (w.inFlight >= 0), t.uD);
   p.acts.add(1, t.batch);
-  for (int k = 0; k < graphBlocks; ++k) p.acts.add(t.saved);
-  p.params = t.params + (t.z3 ? (d.headN + graphBlocks * d.blockN) * kF : 0);
-  p.grads = t.grads + (t.accumulatesWhole ? d.N * kF : t.zero ? std::min(d.headN, t.sgFull) * kF : 0);
+  for (int k : w.graphs)
+    if (loss || k != g) p.acts.add(t.saved);  // a Backward's own graph is its working set
+  double gathered = 0;
+  for (int k : w.gathered) gathered += k < L ? n.blockN : k == L ? n.headN : n.embedN;
+  p.params = t.params + (t.z3 ? gathered * kF : 0);
+  if (t.accumulatesWhole) p.grads = t.grads + n.N * kF;
+  else if (t.zero) p.grads = t.grads + std::min(w.gradsDone, t.sgFull) * kF;  // full gradients waiting in buckets
+  else p.grads = t.grads;  // stage 0: the parameters' gradients are views of one buffer, reduced in place
   p.optim = t.optim;
-  p.transient = lossCost(c, d);
-  p.name = c.model.lossChunk > 0 ? "loss (logits tiles)" : "loss (whole logits)";
+  p.transient = loss ? t.loss : t.block;
+  if (w.inFlight >= 0 || w.readAhead) p.transient.add(offload::copyFootprint(t.uD));  // a copy's mapped chunk
+  p.name = loss ? std::string(t.s.lossTile < t.s.tokens ? "loss (logits tiles)" : "loss (whole logits)")
+                : "backward of block " + std::to_string(g) + (t.attnPeak ? " (attention)" : " (MLP)");
   return p;
+}
+
+// One phase per LossAndGrad, RecomputeBackward and Backward of the program; returns how many
+// inputs it offloads.
+int walkProgram(const compile::Program& prog, const StepTerms& t, std::vector<Phase>& phases) {
+  using compile::OpCode;
+  const int L = static_cast<int>(t.n.L);
+  Walk w;
+  for (const auto& in : prog.code) {
+    const int g = in.group;
+    switch (in.op) {
+      case OpCode::Embed: w.inputs.insert(0); break;
+      case OpCode::ForwardGraph: w.graphs.insert(g); [[fallthrough]];
+      case OpCode::Forward: w.inputs.insert(g + 1); break;
+      case OpCode::OffloadActivation:
+        w.inputs.erase(g);
+        w.inFlight = g;
+        ++w.offloaded;
+        break;
+      case OpCode::ReloadActivation:
+        w.inputs.insert(g);
+        w.readAhead = true;
+        break;
+      case OpCode::Gather:
+      case OpCode::Prefetch: w.gathered.insert(g); break;
+      case OpCode::Release: w.gathered.erase(g); break;
+      case OpCode::LossAndGrad:
+        w.gradsDone += t.n.headN;
+        phases.push_back(phaseAt(t, w, in.op, g));
+        w.inputs.erase(L);  // the executor drops the final hidden state
+        w.inFlight = -1;
+        w.readAhead = false;
+        break;
+      case OpCode::RecomputeBackward:
+      case OpCode::Backward:
+        w.gradsDone += t.n.blockN;
+        phases.push_back(phaseAt(t, w, in.op, g));
+        w.graphs.erase(g);
+        w.readAhead = false;
+        break;
+      case OpCode::FreeActivation: w.inputs.erase(g); break;
+      case OpCode::EmbedBackward: w.gradsDone += t.n.embedN; break;
+      default: break;  // ReduceGrads, OptimizerStep: the ZeRO and step phases below
+    }
+  }
+  return w.offloaded;
 }
 
 // ZeRO stages 1-3: a bucket's reduce-scatter, the optimizer step and construction.
 void addZeroPhases(const config::Config& c, const StepTerms& t, std::vector<Phase>& phases) {
-  const Dims& d = t.d;
+  const Counts& d = t.n;
   // A bucket completes (ShardedOptimizer::onBucket): its full gradients, a piece's [W, run] send
   // buffer (at most reduce_bucket_size elements), one padded gradient, and (W > 1) the
   // all-to-all's receive buffer (Comm::reduceScatter). Reduce-scatters still in flight when
@@ -428,12 +361,13 @@ Phase dataParallelStepPhase(const StepTerms& t) {
   o.params = t.params;
   o.grads = t.grads;
   o.optim = t.optim;
-  o.transient.add(2, 8 * t.d.maxParam);
+  o.transient.add(2, 8 * t.n.maxParam);
   o.name = "optimizer step";
   return o;
 }
 
-// The peak over the phases: under tcmalloc the largest phase over the baseline; under glibc
+// The peak over the phases: under tcmalloc the largest phase over the resident baseline (at least
+// the start-up peak); under glibc
 // the largest persistent + large-block set plus the heap (small blocks) and its fragmentation.
 Prediction peakOf(const std::vector<Phase>& phases) {
   const Phase* top = &phases[0];
@@ -445,8 +379,12 @@ Prediction peakOf(const std::vector<Phase>& phases) {
     largeCount += p.acts.largeCount + p.transient.largeCount;
   }
   const bool tcmalloc = allocatorName() == "tcmalloc";
-  const double baseline = tcmalloc ? kBaselineTcmallocBytes : kBaselineBytes;
-  const double total = tcmalloc ? baseline + top->live() : baseline + held + (1 + kHeapFragmentation) * small;
+  const ProcessBaseline pb = processBaseline();
+  const double resident = static_cast<double>(pb.resident), startup = static_cast<double>(pb.startupPeak);
+  // glibc: its heap is not measured free, so the start-up peak is the baseline.
+  const double baseline = tcmalloc ? resident : startup;
+  const double total = tcmalloc ? std::max(startup, resident + top->live())
+                                : baseline + held + (1 + kHeapFragmentation) * small;
   Prediction out;
   auto& m = out.breakdown;
   m.baseline = static_cast<int64_t>(baseline);
@@ -455,7 +393,8 @@ Prediction peakOf(const std::vector<Phase>& phases) {
   m.optimizer = static_cast<int64_t>(top->optim);
   m.activations = static_cast<int64_t>(top->acts.live());
   m.transient = static_cast<int64_t>(top->transient.live());
-  // held + small >= every phase's live bytes, so this is >= 0.
+  // tcmalloc: start-up's free memory beyond the live bytes; glibc: held + small >= every phase's
+  // live bytes. Either way >= 0.
   m.retained = std::max<int64_t>(0, static_cast<int64_t>(total) - m.baseline - static_cast<int64_t>(top->live()));
   m.phase = top->name;
   out.largeCount = largeCount;
@@ -468,18 +407,13 @@ Prediction predict(const config::Config& c, int world, int graphBlocks) {
            " is not a multiple of sequence_parallel_size=", c.sequenceParallelSize);
   const StepTerms t = stepTerms(c, world);
   std::vector<Phase> phases;
-  addBackwardPhases(t, graphBlocks, phases);
-  phases.push_back(lossPhase(c, t, graphBlocks));
+  const int offloaded = walkProgram(programOf(c, t.n, graphBlocks), t, phases);
   if (t.zero) addZeroPhases(c, t, phases);
   else phases.push_back(dataParallelStepPhase(t));
-  if (c.model.fusedKernels) {  // Model::headLoss's buffer, kept from the first loss on
-    const Dims& d = t.d;
-    const double cl = lossTileTokens(c, d);
-    for (auto& p : phases)
-      if (p.name != "ZeRO construction") p.acts.add(1, d.B * cl * d.V * kF);
-  }
+  for (auto& p : phases)  // kept from the first loss on: not yet at construction
+    if (p.name != "ZeRO construction") p.acts.add(t.kept);
   Prediction out = peakOf(phases);
-  out.breakdown.offloaded = static_cast<int64_t>(offloadedInputs(t, graphBlocks) * t.uD);
+  out.breakdown.offloaded = static_cast<int64_t>(offloaded * t.uD);
   return out;
 }
 

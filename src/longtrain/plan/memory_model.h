@@ -1,11 +1,10 @@
-// The memory model behind `longtrain plan`: each rank's peak resident bytes for a config,
-// in closed form from the shapes, and the longest seq_len that fits a per-rank budget.
-// The formulas count the tensors the code paths actually hold (what autograd saves in the
-// recomputed block, what backward, the loss and the optimizer allocate: see the .cpp); the
-// process baseline (libtorch, threads, allocator) is one constant measured on this build.
-// The peak is the largest of the step's phases (its breakdown is that phase's) plus, under
-// glibc malloc, what the allocator keeps of freed blocks (a calibrated share); under
-// tcmalloc, which longtrain links, nothing more (it reuses freed spans).
+// The memory model behind `longtrain plan`: each rank's peak resident bytes for a config, and
+// the longest seq_len that fits a per-rank budget. The plan walks the step program the executor
+// runs and sums the footprints the allocating code declares (core/footprint.h); the process
+// baseline is measured by the process that plans (setProcessBaseline). The peak is the largest
+// of the step's phases (its breakdown is that phase's) plus, under glibc malloc, what the
+// allocator keeps of freed blocks (a calibrated share); under tcmalloc, which longtrain links,
+// nothing more (it reuses freed spans).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -17,18 +16,30 @@ namespace lt::plan {
 
 // Bytes one rank holds at its predicted peak, by kind. total() is their sum.
 struct MemoryBreakdown {
-  int64_t baseline = 0;     // process: libtorch, thread pools, allocator (measured constant)
+  int64_t baseline = 0;     // process: libtorch, thread pools, allocator (ProcessBaseline::resident)
   int64_t parameters = 0;   // fp32 parameters (ZeRO-3: master partition + gathered groups)
   int64_t gradients = 0;    // fp32 gradients (ZeRO-3: partition + full gradients waiting in buckets)
   int64_t optimizer = 0;    // Adam m and v (ZeRO-3: partitions, + SuperOffload rollback shadows)
   int64_t activations = 0;  // kept block inputs [B, S/P, D] (+ the batch)
   int64_t transient = 0;    // the phase's working set: one block's recompute + backward, or the loss
-  int64_t retained = 0;     // freed blocks the allocator (glibc) keeps: a share of the largest
-                            // heap-resident working set of any phase
+  int64_t retained = 0;     // free memory the allocator keeps: start-up's beyond this step's live
+                            // bytes (tcmalloc), or a share of the largest heap working set (glibc)
   std::string phase;        // which phase is the peak, e.g. "backward of block 1 (attention)"
   int64_t offloaded = 0;    // kept block inputs in train.offload_dir's file: on disk, not in total()
   int64_t total() const { return baseline + parameters + gradients + optimizer + activations + transient + retained; }
 };
+
+// The process baseline, measured by the process that plans (train/process_baseline.h).
+// `resident`: this binary's resident bytes that no tensor reuses, once a run has started (libtorch,
+// thread pools, the allocator's fragments, a process group); `startupPeak`: the peak RSS of a run
+// whose tensors are < 1 MiB. A step peaks at the larger of startupPeak and resident + its live
+// bytes. Where nothing set it
+// (unit tests of the algebra), the last measurement on this build stands in.
+struct ProcessBaseline {
+  int64_t resident = 0, startupPeak = 0;
+};
+void setProcessBaseline(const ProcessBaseline& b);
+ProcessBaseline processBaseline();
 
 // Per-rank prediction for `cfg` with `world` ranks (data-parallel size = world / SP), when
 // the last `graphBlocks` blocks keep their autograd graph and the others are recomputed.

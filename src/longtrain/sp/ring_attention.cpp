@@ -12,12 +12,16 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "longtrain/config/validate.h"
 #include "longtrain/core/check.h"
+#include "longtrain/model/footprint.h"
+#include "longtrain/sp/footprint.h"
 #include "longtrain/sp/ulysses.h"
 
 namespace lt::sp {
@@ -313,6 +317,42 @@ model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses
     auto o = ringAttention(qq, kk, vv, in);  // [B, U n, H/U, Dh]
     return ulysses ? headsToSeq(o.contiguous(), ulysses.get()) : o;
   };
+}
+
+// Per rank RingFn holds U s query tokens of H/U heads (uQ = [B, S/P, H x Dh] bytes) and U s
+// tokens of max(KV/U, 1) kv heads (kv). It saves q grouped under its kv head and its output,
+// the local k and v, and the log-sum-exp. Backward: the ring's K/V gathered again, dK/dV per
+// source and the reduce-scatter's receive buffer (2 R kv each), dO and dq, and per tile the
+// scores, p, dp, ds and a mask ([B, max(KV/U, 1), c, c]).
+Footprint ringAttentionFootprint(const StepShape& s) {
+  const double uQ = s.rows(s.heads * s.headDim), kvHeads = std::max(s.kvHeads / s.ulysses, 1.0);
+  const double kv = s.batch * s.ulysses * s.tokens * kvHeads * s.headDim * 4;
+  Footprint f;
+  f.saved.add(2, uQ);
+  f.saved.add(2, kv);
+  f.saved.add(1, s.batch * s.heads * s.tokens * 4);
+  f.work.add(6 * s.ring, kv);
+  f.work.add(2, uQ);
+  f.work.add(5, s.batch * kvHeads * s.attentionTile * s.attentionTile * 4);
+  return f;
+}
+
+// As sequenceParallelAttention chooses: Ulysses alone around the model's core, else the ring
+// kernel, with Ulysses' all-to-alls around it where U > 1 (their outputs q, k, v are saved).
+Footprint attentionFootprint(const config::Config& c, const StepShape& s) {
+  const ParallelLayout layout = config::layoutOf(c, c.sequenceParallelSize);
+  Footprint f;
+  if (layout.ulyssesOnly()) {
+    f = model::attentionCoreFootprint(c.model, s, layout.P > 1);
+  } else {
+    f = ringAttentionFootprint(s);
+    if (layout.U > 1) {
+      f.saved.add(1, s.rows(s.heads * s.headDim));
+      f.saved.add(2, s.batch * s.ulysses * s.tokens * std::max(s.kvHeads / s.ulysses, 1.0) * s.headDim * 4);
+    }
+  }
+  if (layout.U > 1) f.add(ulyssesFootprint(s));
+  return f;
 }
 
 }  // namespace lt::sp

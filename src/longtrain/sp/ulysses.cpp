@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "longtrain/core/check.h"
+#include "longtrain/sp/footprint.h"
 
 namespace lt::sp {
 
@@ -143,6 +144,14 @@ void UlyssesLoader::refill(const data::Batch& mine) {
     whole.position_ids = pos[r].slice(1, 0, S);
     fifo_.push(shardBatch(whole, sp_->rank(), layout_));
   }
+}
+
+// The all-to-alls' backward: the gradient made contiguous, its send and receive buffers (each
+// [B, S/P, H x Dh] bytes on a rank).
+Footprint ulyssesFootprint(const StepShape& s) {
+  Footprint f;
+  f.work.add(3, s.rows(s.heads * s.headDim));
+  return f;
 }
 
 }  // namespace lt::sp

@@ -1,6 +1,7 @@
 // The per-machine GEMM peak record (peak_record.h). Written to a temporary file and renamed
 // over the old one, so ranks of one host updating it at once never leave it half-written.
 #include "longtrain/train/peak_record.h"
+#include "longtrain/train/record_file.h"
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
@@ -39,14 +40,16 @@ const char* routeName(kernels::GemmRoute r) {
   return "?";
 }
 
-json readRecord(const fs::path& file) {
+}  // namespace
+
+json readRecord(const std::filesystem::path& file) {
   std::ifstream in(file);
   if (!in) return json::object();
   const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
   return j.is_object() ? j : json::object();  // a damaged record is started afresh
 }
 
-bool writeRecord(const fs::path& file, const json& j) {
+bool writeRecord(const std::filesystem::path& file, const json& j) {
   std::error_code ec;
   fs::create_directories(file.parent_path(), ec);
   const fs::path tmp = file.string() + ".tmp" + std::to_string(::getpid());
@@ -58,8 +61,6 @@ bool writeRecord(const fs::path& file, const json& j) {
   if (ec) fs::remove(tmp, ec);
   return !ec;
 }
-
-}  // namespace
 
 std::string peakRecordDir() {
   if (const char* d = std::getenv("LONGTRAIN_CACHE_DIR"); d && *d) return d;

@@ -353,6 +353,7 @@ class MetricsWriter {
                      {"mfu", mfu(tps)}, {"model_flops_per_token", flopsPerToken_}, {"gemm_peak_flops", gemmPeak_},
                      {"skipped_steps", engine.skippedSteps()},
                      {"rss_bytes", currentRssBytes()},  // rank 0's, now (leak watch: with open_fds)
+                     {"allocator_free_bytes", allocatorFreeBytes()},  // of rss_bytes (plan's baseline)
                      {"open_fds", openFileDescriptors()}};
     if (engine.activationOffload()) {
       j["offload_wait_s"] = m.offloadWaitS;

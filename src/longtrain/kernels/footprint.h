@@ -1,0 +1,14 @@
+// The bytes the kernels of this module hold, declared beside their code (the .cpp that
+// allocates) for `longtrain plan`. Non-obvious: kernels see no config, so they take the step's
+// shapes alone; the caller says which of a kernel's tensors are its own (core/footprint.h).
+#pragma once
+#include "longtrain/core/footprint.h"
+
+namespace lt::kernels {
+
+// FusedAttentionFn (fused_attention.cpp) on a rank's [B, S, H/P, Dh] heads. `ownsInputs`: q, k,
+// v and the output are held only by the kernel (after Ulysses' all-to-all); false where the
+// caller already saves them (one rank: they are the rotations and o_proj's input).
+Footprint fusedAttentionFootprint(const StepShape& s, bool ownsInputs);
+
+}  // namespace lt::kernels

@@ -1,0 +1,152 @@
+// The process baseline (process_baseline.h): a calibration run of this binary, recorded per
+// binary (its path, size and modification time) in process_baselines.json.
+#include "longtrain/train/process_baseline.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "longtrain/core/memory.h"
+#include "longtrain/kernels/gemm.h"
+#include "longtrain/plan/memory_model.h"
+#include "longtrain/train/peak_record.h"
+#include "longtrain/train/record_file.h"
+
+namespace lt::train {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// 0.02M parameters, 64 tokens, 1 step: everything but the process is < 1 MiB.
+constexpr const char* kTinyRun = R"({
+  "train_micro_batch_size_per_gpu": 1,
+  "model": {"vocab_size": 64, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 48},
+  "data": {"seq_len": 64, "num_samples": 64, "eval_samples": 0,
+           "kv": {"num_pairs": 4, "num_queries": 4, "num_keys": 16, "num_values": 8, "num_noise": 8}},
+  "train": {"steps": 1, "memory_preflight": false}
+})";
+
+std::string selfExe() {
+  std::error_code ec;
+  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : p.string();
+}
+
+// The record's key: this binary, one rank or several, the thread count.
+std::string recordKey(const std::string& exe, int ranks, int threads) {
+  struct stat st {};
+  if (exe.empty() || ::stat(exe.c_str(), &st) != 0) return "";
+  return fmt::format("{} | {} bytes | mtime {} | {} | {} threads", exe, static_cast<long long>(st.st_size),
+                     static_cast<long long>(st.st_mtime), ranks > 1 ? "several ranks" : "one rank", threads);
+}
+
+// What a run of this binary measured: rank 0's peak RSS, its RSS after the step and of that the
+// free pages tcmalloc holds (rss_bytes, allocator_free_bytes).
+struct Sample {
+  int64_t peak = 0, rss = 0, free = 0;
+  bool valid() const { return peak > 0 && rss > 0; }
+};
+
+// This process after the GEMM a run's start-up runs (machine.cpp's 1024^3 measurement; constant
+// operands: no generator is drawn from): where no run can be measured.
+Sample thisProcess() {
+  {
+    constexpr int64_t n = 1024;
+    auto a = at::full({n, n}, 0.5f), b = at::full({n, n}, 0.25f), c = at::empty({n, n});
+    kernels::matmulInto(c, a, false, b, false, kernels::GemmRoute::Blas);
+  }
+  const int64_t rss = currentRssBytes();
+  return {rss, rss, std::max<int64_t>(0, allocatorFreeBytes())};
+}
+
+int64_t field(const json& j, const char* k) {
+  return j.is_object() && j.value(k, json()).is_number_integer() ? j[k].get<int64_t>() : 0;
+}
+
+// The tiny run on `ranks` process ranks; invalid where it cannot run.
+Sample runTiny(const std::string& exe, int ranks, int threads) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("longtrain-baseline-{}", ::getpid());
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  std::ofstream(dir / "tiny.json") << kTinyRun;
+  const std::string cmd = fmt::format("'{}' train '{}' --nproc {} --set sequence_parallel_size={} --set train.threads={} "
+                                      "--metrics '{}' >/dev/null 2>&1",
+                                      exe, (dir / "tiny.json").string(), ranks, ranks, threads,
+                                      (dir / "m.jsonl").string());
+  Sample s;
+  if (std::system(cmd.c_str()) == 0) {
+    std::ifstream in(dir / "m.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      const json j = json::parse(line, nullptr, false);
+      s = {std::max(s.peak, field(j, "peak_rss_bytes")), field(j, "rss_bytes"), field(j, "allocator_free_bytes")};
+    }
+  }
+  fs::remove_all(dir, ec);
+  return s;
+}
+
+int threadsOf(int world, int threads) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return threads > 0 ? threads : std::max(1, cores / std::max(1, std::min(world, cores)));
+}
+
+fs::path recordFile() {
+  const std::string dir = peakRecordDir();
+  return dir.empty() ? fs::path() : fs::path(dir) / "process_baselines.json";
+}
+
+// The sample of `ranks` ranks: the record's, else (where `mayRun`) a run's, then recorded.
+Sample sampleOf(int ranks, int threads, bool mayRun) {
+  const std::string exe = selfExe(), key = recordKey(exe, ranks, threads);
+  const fs::path file = recordFile();
+  if (key.empty()) return {};
+  const json r = file.empty() ? json::object() : readRecord(file);
+  const json e = r.contains(key) ? r[key] : json();
+  Sample s{field(e, "peak"), field(e, "rss"), field(e, "free")};
+  if (s.valid() || !mayRun) return s;
+  s = runTiny(exe, ranks, threads);
+  if (s.valid() && !file.empty()) {
+    json w = readRecord(file);
+    w[key] = {{"peak", s.peak}, {"rss", s.rss}, {"free", s.free}};
+    (void)writeRecord(file, w);
+  }
+  return s;
+}
+
+// Which of the run's free pages later tensors reuse, as bench/plan_accuracy.sh's rows measure it:
+// at one rank none (it peaks at the run's RSS plus the step's live bytes, within 3% on the fused
+// rows), at several all (a process group's start-up frees whole buffers, ~45 MiB a rank).
+plan::ProcessBaseline baselineOf(int world, int threads, bool mayRun) {
+  const Sample s = sampleOf(world > 1 ? 2 : 1, threadsOf(world, threads), mayRun);
+  if (!s.valid()) {
+    const Sample self = thisProcess();
+    return {self.rss, self.peak};
+  }
+  return {world > 1 ? s.rss - s.free : s.rss, s.peak};
+}
+
+}  // namespace
+
+int64_t calibrateProcessBaseline(int world, int threads) {
+  const plan::ProcessBaseline b = baselineOf(world, threads, true);
+  plan::setProcessBaseline(b);
+  return b.resident;
+}
+
+int64_t rankProcessBaseline(int world, int threads) {
+  const plan::ProcessBaseline b = baselineOf(world, threads, false);
+  plan::setProcessBaseline(b);
+  return b.resident;
+}
+
+}  // namespace lt::train
