@@ -321,9 +321,11 @@ model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses
 
 // Per rank RingFn holds U s query tokens of H/U heads (uQ = [B, S/P, H x Dh] bytes) and U s
 // tokens of max(KV/U, 1) kv heads (kv). It saves q grouped under its kv head and its output,
-// the local k and v, and the log-sum-exp. Backward: the ring's K/V gathered again, dK/dV per
-// source and the reduce-scatter's receive buffer (2 R kv each), dO and dq, and per tile the
-// scores, p, dp, ds and a mask ([B, max(KV/U, 1), c, c]).
+// the local k and v, and the log-sum-exp. Backward holds, whatever R is, the K/V shard it
+// works on and the one arriving, and of dK/dV-sized buffers its own contribution, the one it
+// computes, the one it sends and the partial sum arriving (R = 2: no send overlaps an
+// arrival), 2 kv each; dO and dq; and per tile the scores, p, dp, ds and a mask
+// ([B, max(KV/U, 1), c, c]).
 Footprint ringAttentionFootprint(const StepShape& s) {
   const double uQ = s.rows(s.heads * s.headDim), kvHeads = std::max(s.kvHeads / s.ulysses, 1.0);
   const double kv = s.batch * s.ulysses * s.tokens * kvHeads * s.headDim * 4;
@@ -331,7 +333,7 @@ Footprint ringAttentionFootprint(const StepShape& s) {
   f.saved.add(2, uQ);
   f.saved.add(2, kv);
   f.saved.add(1, s.batch * s.heads * s.tokens * 4);
-  f.work.add(6 * s.ring, kv);
+  f.work.add(s.ring > 2 ? 12 : 8, kv);
   f.work.add(2, uQ);
   f.work.add(5, s.batch * kvHeads * s.attentionTile * s.attentionTile * 4);
   return f;
