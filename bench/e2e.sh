@@ -6,12 +6,12 @@
 # BF16_MAX_STEP_S (without AVX512_BF16 its bf16 matmul runs ~50x below fp32); the table then says so and compares
 # longtrain bf16 with the best 2.6 variant of any precision. Every run checks its own result (loss and parameters).
 # Usage: [SHAPES="quickstart medium long long16k wide"] [STEPS=N] [WARMUP=N] [BUDGET_S=60] [BF16_MAX_STEP_S=10]
-#        [PEER113="default tuned"] [PEER26="sdpa_gqa sdpa sdpa_spin compile compile_spin sdpa_bf16 compile_bf16"]
+#        [LONGTRAIN_BIN=build/longtrain] [PEER113="default tuned"] [PEER26="sdpa_gqa sdpa sdpa_spin compile compile_spin sdpa_bf16 compile_bf16"]
 #        bash bench/e2e.sh (root). Variants: sdpa_gqa (enable_gqa), sdpa (K/V repeated: the flash kernel), compile
 #        (torch.compile), *_spin (GOMP_SPINCOUNT=1000, as longtrain train sets), *_bf16 (bf16 autocast).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=./build/longtrain
+BIN=${LONGTRAIN_BIN:-./build/longtrain}
 PY=/usr/bin/python3
 TCMALLOC=/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4  # the same path on the host and in the Debian 13 root
 read -r -a shapes <<<"${SHAPES:-quickstart medium long long16k wide}"
