@@ -3,7 +3,8 @@
 # debootstrap from Debian's packages only and kept outside the checkout, so the second run costs
 # seconds. Optionally runs a command inside it.
 #   debian13_root.sh [--python-torch] [--bind DIR]... [-- COMMAND...]
-#     --python-torch  also installs python3-torch (PyTorch 2.6 for the benchmarks)
+#     --python-torch  also installs python3-torch (PyTorch 2.6 for the benchmarks) and
+#                     python3-setuptools (torch.compile's inductor imports it to build kernels)
 #     --bind DIR      makes the host's DIR visible at the same path inside the root
 #     COMMAND         runs inside the root as root, in the current directory's path
 # Environment: LONGTRAIN_DEBIAN13_ROOT (default /var/cache/longtrain/debian13);
@@ -39,7 +40,7 @@ while (($#)); do
     *) die "unknown argument '$1' (usage: $0 [--python-torch] [--bind DIR]... [-- COMMAND...])" ;;
   esac
 done
-((python_torch)) && PKGS+=(python3-torch)
+((python_torch)) && PKGS+=(python3-torch python3-setuptools)
 
 require_host() {
   [ "$(id -u)" -eq 0 ] || die "needs root (debootstrap, chroot, mounts): run it with sudo"

@@ -1,7 +1,7 @@
-// The machine's fast paths (issue "Step speed I"): the BLAS kernel check and its re-exec, the
-// kernel's numerics, MFU's FLOP count, activation checkpointing's choice and its bit-identity
-// with recompute (plain, SP, ZeRO-3 + SuperOffload), and stage 0's CPU Adam (including the
-// skipped step on a non-finite gradient).
+// The machine's fast paths (issue "Step speed I"): the BLAS kernel check and its re-exec (with
+// train's OpenMP spin count), the kernel's numerics, MFU's FLOP count, activation checkpointing's
+// choice and its bit-identity with recompute (plain, SP, ZeRO-3 + SuperOffload), and stage 0's
+// CPU Adam (including the skipped step on a non-finite gradient).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -65,6 +65,19 @@ TEST(BlasKernel, ReexecutesOnceWithTheBetterCoreAndKeepsTheUsersChoice) {
     EXPECT_NE(r.out.find("core=" + better), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("(fixed from Prescott)"), std::string::npos) << r.out;
   }
+}
+
+TEST(OmpSpin, TrainRunsWithAShortSpinUnlessTheUserSetsOne) {
+  // libgomp prints the spin count it read at start with OMP_DISPLAY_ENV=verbose (to stderr).
+  const std::string run = std::string(LONGTRAIN_BIN) + " train " + LONGTRAIN_SOURCE_DIR +
+                          "/bench/e2e_quickstart.json --set train.steps=1";
+  auto r = lt::testing::runCommand("env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY OMP_DISPLAY_ENV=verbose " + run);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("GOMP_SPINCOUNT = '1000'"), std::string::npos) << r.out;  // the re-executed image
+  r = lt::testing::runCommand("env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=5000 OMP_DISPLAY_ENV=verbose " + run);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("GOMP_SPINCOUNT = '5000'"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("GOMP_SPINCOUNT = '1000'"), std::string::npos) << r.out;  // the user's value kept
 }
 
 TEST(Mfu, FlopsPerTokenClosedForm) {

@@ -1,7 +1,8 @@
 // The `longtrain` command: registers the subcommands (cli/command.h, one file each), parses the
 // command line, runs the one given, and turns any failure into one line on stderr and exit 1.
 // Non-obvious: main() may re-execute the program once before anything runs, to swap a BLAS
-// kernel that is wrong for this CPU (core/cpu.h), so nothing may happen before that call.
+// kernel that is wrong for this CPU or shorten OpenMP's spin (core/cpu.h), so nothing may happen
+// before that call.
 #include <ATen/Context.h>
 #include <CLI/CLI.hpp>
 
@@ -69,7 +70,8 @@ int parseCommandLine(CLI::App& app, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  lt::ensureBestBlasKernel(argv);  // may re-execute this program once, before anything runs
+  // May re-execute this program once, before anything runs; for `train` also for the OpenMP spin.
+  lt::ensureStartEnvironment(argv, argc > 1 && std::strcmp(argv[1], "train") == 0);
   CLI::App app{"longtrain: long-sequence transformer training (Ulysses SP, ZeRO-3/SuperOffload, compile passes)"};
   app.require_subcommand(1);
   const lt::cli::Command commands[] = {

@@ -17,7 +17,8 @@ namespace lt {
 
 namespace {
 
-constexpr const char* kReexecMarker = "LONGTRAIN_BLAS_REEXEC_FROM";  // value: the kernel before
+constexpr const char* kReexecMarker = "LONGTRAIN_BLAS_REEXEC_FROM";  // value: the kernel before, or ""
+constexpr const char* kShortOmpSpinCount = "1000";  // libgomp's own count when threads outnumber cores
 
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -95,26 +96,34 @@ BlasKernelReport blasKernelReport() {
   return r;
 }
 
-void ensureBestBlasKernel(char** argv) {
-  if (std::getenv(kReexecMarker)) return;  // this image is the re-executed one
+// The kernel to set in OPENBLAS_CORETYPE, or "" when this one is right or the user chose.
+std::string blasFix(std::string& core) {
   const char* user = std::getenv("OPENBLAS_CORETYPE");
-  if (user && *user) return;  // the user's choice stands (some CPUs need it to compute right)
+  if (user && *user) return "";  // the user's choice stands (some CPUs need it to compute right)
   // LONGTRAIN_FAULT_BLAS_CORE (tests): pretend OpenBLAS chose this kernel, so the re-exec
   // path runs on CPUs that OpenBLAS already knows.
   const char* pretend = std::getenv("LONGTRAIN_FAULT_BLAS_CORE");
-  const std::string core = pretend && *pretend ? pretend : blasCoreName();
-  if (core.empty()) return;
-  const std::string better = betterBlasCore(core, cpuIsa());
-  if (better.empty()) return;
-  ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
-  ::setenv(kReexecMarker, core.c_str(), 1);
+  core = pretend && *pretend ? pretend : blasCoreName();
+  return core.empty() ? "" : betterBlasCore(core, cpuIsa());
+}
+
+void ensureStartEnvironment(char** argv, bool shortOmpSpin) {
+  if (std::getenv(kReexecMarker)) return;  // this image is the re-executed one
+  std::string core;
+  const std::string better = blasFix(core);
+  const bool spin = shortOmpSpin && !std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT");
+  if (better.empty() && !spin) return;
+  if (!better.empty()) ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
+  if (spin) ::setenv("GOMP_SPINCOUNT", kShortOmpSpinCount, 1);
+  ::setenv(kReexecMarker, better.empty() ? "" : core.c_str(), 1);
   std::fflush(nullptr);
   ::execv("/proc/self/exe", argv);
-  // execv failed (no /proc): carry on with the slow kernel; the banner says so.
-  ::unsetenv("OPENBLAS_CORETYPE");
+  // execv failed (no /proc): carry on with the slow kernel and libgomp's spin; the banner says so.
+  if (!better.empty()) ::unsetenv("OPENBLAS_CORETYPE");
+  if (spin) ::unsetenv("GOMP_SPINCOUNT");
   ::unsetenv(kReexecMarker);
-  std::fprintf(stderr, "longtrain: could not re-execute with OPENBLAS_CORETYPE=%s (%s); BLAS stays on %s\n",
-               better.c_str(), std::strerror(errno), core.c_str());
+  std::fprintf(stderr, "longtrain: could not re-execute (%s); BLAS stays on %s\n", std::strerror(errno),
+               core.c_str());
 }
 
 }  // namespace lt

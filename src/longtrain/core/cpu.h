@@ -2,7 +2,8 @@
 // Non-obvious: OpenBLAS picks its kernel in its library constructor, before main, from the
 // CPU model it knows; Debian's 0.3.21 does not know some new models and falls back to its
 // SSE3 "Prescott" kernels (5x slower sgemm). The only fix is OPENBLAS_CORETYPE in the
-// environment of a new process image, so `ensureBestBlasKernel` re-executes the program once.
+// environment of a new process image, so `ensureStartEnvironment` re-executes the program once
+// (a setenv from .preinit_array is too late: libc's constructor resets environ after it).
 // No libtorch here: this runs before anything touches a tensor.
 #pragma once
 #include <string>
@@ -39,12 +40,18 @@ struct BlasKernelReport {
   std::string describe() const;  // e.g. "OpenBLAS SkylakeX (fixed from Prescott)"
 };
 
-// At the top of main, before any BLAS call: when OpenBLAS runs a kernel below the CPU's ISA
-// and the user did not set OPENBLAS_CORETYPE, sets it and execv's /proc/self/exe with the
-// same arguments (once: a marker variable stops a loop). Returns only when no re-exec was
-// needed or possible. Children (ranks) inherit the variable, so they start on the right
-// kernel without re-executing.
-void ensureBestBlasKernel(char** argv);
+// At the top of main, before any BLAS call: sets, in the environment of a new image of this
+// program (execv of /proc/self/exe with the same arguments, once: a marker variable stops a
+// loop), what libraries read only in their constructors, before main:
+//  - OPENBLAS_CORETYPE, when OpenBLAS runs a kernel below the CPU's ISA and the user set none;
+//  - GOMP_SPINCOUNT=1000 when `shortOmpSpin` (training) and the user set neither it nor
+//    OMP_WAIT_POLICY: libgomp's default has an idle thread spin ~300k pauses (~7 ms on Zen 2)
+//    after each parallel region, which on a shared machine takes the cores from the working
+//    threads (the quick start's ~100 regions a step: 2-3k tokens/s against 30-41k with 1000,
+//    AMD EPYC Zen 2 at load 8-9); 1000 still catches back-to-back regions.
+// Returns only when no re-exec was needed or possible. Children (ranks) inherit the variables,
+// so they start right without re-executing.
+void ensureStartEnvironment(char** argv, bool shortOmpSpin);
 BlasKernelReport blasKernelReport();
 
 }  // namespace lt

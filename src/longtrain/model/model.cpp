@@ -237,12 +237,15 @@ Model::Qkv Model::projectQkv(const Block& k, const at::Tensor& h) const {
   const GemmRoute gemm = gemmRoute(cfg_);
   Qkv r;
   if (cfg_.fusedKernels) {  // one GEMM against [wq; wk; wv], then views of its columns
+    // One split, not three narrows: its backward is one cat of dq, dk, dv, where each narrow's
+    // wrote a zeroed full-width gradient and autograd summed the three (8 passes a block).
     const int64_t qDim = cfg_.qDim(), kvDim = KV * Dh;
     auto qkv = linear(h, at::cat({k.wq, k.wk, k.wv}), gemm);
     if (k.bq.defined()) qkv = qkv + at::cat({k.bq, k.bk, k.bv});
-    r.q = qkv.narrow(-1, 0, qDim).reshape({B, S, H, Dh});
-    r.k = qkv.narrow(-1, qDim, kvDim).reshape({B, S, KV, Dh});
-    r.v = qkv.narrow(-1, qDim + kvDim, kvDim).reshape({B, S, KV, Dh});
+    const auto parts = qkv.split_with_sizes({qDim, kvDim, kvDim}, -1);
+    r.q = parts[0].reshape({B, S, H, Dh});
+    r.k = parts[1].reshape({B, S, KV, Dh});
+    r.v = parts[2].reshape({B, S, KV, Dh});
   } else {
     auto project = [&](const at::Tensor& w, const at::Tensor& bias) {
       auto y = linear(h, w, gemm);
