@@ -41,12 +41,32 @@ std::string selfExe() {
   return ec ? std::string() : p.string();
 }
 
-// The record's key: this binary, one rank or several, the thread count.
-std::string recordKey(const std::string& exe, int ranks, int threads) {
+// This build of the binary at `exe`: its path, size and modification time ("" if unreadable).
+std::string buildOf(const std::string& exe) {
   struct stat st {};
   if (exe.empty() || ::stat(exe.c_str(), &st) != 0) return "";
-  return fmt::format("{} | {} bytes | mtime {} | {} | {} threads", exe, static_cast<long long>(st.st_size),
-                     static_cast<long long>(st.st_mtime), ranks > 1 ? "several ranks" : "one rank", threads);
+  return fmt::format("{} | {} bytes | mtime {} |", exe, static_cast<long long>(st.st_size),
+                     static_cast<long long>(st.st_mtime));
+}
+
+// The record's key: this build, one rank or several, the thread count.
+std::string recordKey(const std::string& exe, int ranks, int threads) {
+  const std::string build = buildOf(exe);
+  if (build.empty()) return "";
+  return fmt::format("{} {} | {} threads", build, ranks > 1 ? "several ranks" : "one rank", threads);
+}
+
+// Drops the entries of earlier builds at this path, so the record keeps one build per binary
+// instead of growing with every rebuild.
+void forgetEarlierBuilds(json& record, const std::string& exe) {
+  const std::string build = buildOf(exe);
+  for (auto it = record.begin(); it != record.end();) {
+    const std::string& k = it.key();
+    if (k.rfind(exe + " | ", 0) == 0 && k.rfind(build, 0) != 0)
+      it = record.erase(it);
+    else
+      ++it;
+  }
 }
 
 // What a run of this binary measured: rank 0's peak RSS, its RSS after the step and of that the
@@ -117,6 +137,7 @@ Sample sampleOf(int ranks, int threads, bool mayRun) {
   s = runTiny(exe, ranks, threads);
   if (s.valid() && !file.empty()) {
     json w = readRecord(file);
+    forgetEarlierBuilds(w, exe);
     w[key] = {{"peak", s.peak}, {"rss", s.rss}, {"free", s.free}};
     (void)writeRecord(file, w);
   }
