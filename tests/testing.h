@@ -31,6 +31,8 @@ namespace lt::testing {
 struct Tol {
   static constexpr double kCheckpointedVsPlain = 1e-6;  // same ops, same order: measured ~1e-7
   static constexpr double kDataParallel = 1e-5;         // summation order differs across ranks
+  // A closed form in double against the same sum in another order (plan's time model): 1e-16 a term.
+  static constexpr double kDoubleArithmetic = 1e-12;
   // AdamW's first step with and without decay differs by -lr*wd*p0; p0*(1 - lr*wd) rounds
   // once, so relative to the difference (0.05 p0 at lr 0.1, wd 0.5) ~ 2.4e-6 at worst.
   static constexpr double kDecayClosedForm = 2e-5;

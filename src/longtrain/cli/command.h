@@ -6,6 +6,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <map>
@@ -54,6 +55,12 @@ CLI::Validator optionChoices(std::initializer_list<E> accepted = {}) {
       },
       shown);
 }
+
+// `plan --fit` and `train --fit`: prints the fit search's report for the config at `path` with
+// `sets`, on `world` ranks within `budget` bytes a rank, and returns the chosen candidate's --set
+// flags (`how` introduces them in the report); an error when nothing fits.
+std::vector<std::string> fitSets(const std::string& path, const std::vector<std::string>& sets, int world,
+                                 int64_t budget, const char* how);
 
 // --nproc wins; else the config's train.nproc (validated later by parseConfig); else 1.
 int nprocOf(const nlohmann::json& j, int nprocFlag);

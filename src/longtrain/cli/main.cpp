@@ -70,8 +70,10 @@ int parseCommandLine(CLI::App& app, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // May re-execute this program once, before anything runs; for `train` also for the OpenMP spin.
-  lt::ensureStartEnvironment(argv, argc > 1 && std::strcmp(argv[1], "train") == 0);
+  // May re-execute this program once, before anything runs; for `train` also for the OpenMP spin,
+  // and for `plan`, whose time model measures rates that must match what `train` will see.
+  const bool trainOrPlan = argc > 1 && (std::strcmp(argv[1], "train") == 0 || std::strcmp(argv[1], "plan") == 0);
+  lt::ensureStartEnvironment(argv, trainOrPlan);
   CLI::App app{"longtrain: long-sequence transformer training (Ulysses SP, ZeRO-3/SuperOffload, compile passes)"};
   app.require_subcommand(1);
   const lt::cli::Command commands[] = {

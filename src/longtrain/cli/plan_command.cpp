@@ -12,7 +12,11 @@
 #include "longtrain/cli/command.h"
 #include "longtrain/config/parse.h"
 #include "longtrain/config/run_plan.h"
+#include "longtrain/core/check.h"
+#include "longtrain/plan/fit.h"
 #include "longtrain/plan/memory_model.h"
+#include "longtrain/plan/time_model.h"
+#include "longtrain/train/measured_rates.h"
 #include "longtrain/train/process_baseline.h"
 
 namespace lt::cli {
@@ -20,7 +24,7 @@ namespace lt::cli {
 namespace {
 
 struct ConfigFlags {
-  std::string config, maxSeq;
+  std::string config, maxSeq, fit;
   int nproc = 0;
   std::vector<std::string> sets;
   bool print = false;
@@ -62,14 +66,10 @@ void printPeak(const config::Config& cfg, int world) {
   printBreakdown(plan::predictPeak(cfg, world, k));
 }
 
-// --max-seq keeps this share of the budget free: the model's accuracy target (bench/plan_accuracy.sh),
-// so that a run at the length it names peaks under the budget when the prediction is within it.
-constexpr double kFitMargin = 0.03;
-
 // The longest seq_len of `c` on `w` ranks within `budget` less the margin, and its predicted peak
 // in MiB ("-": none).
 int64_t longestSeq(const config::Config& c, int w, int64_t budget, std::string* peak) {
-  const int64_t s = plan::maxSeqLen(c, w, static_cast<int64_t>((1 - kFitMargin) * static_cast<double>(budget)));
+  const int64_t s = plan::maxSeqLen(c, w, static_cast<int64_t>((1 - plan::kFitMargin) * static_cast<double>(budget)));
   *peak = "-";
   if (s > 0) {
     config::Config at = c;
@@ -81,7 +81,7 @@ int64_t longestSeq(const config::Config& c, int w, int64_t budget, std::string* 
 
 void printMaxSeq(const config::Config& cfg, int world, int64_t budget) {
   std::printf("budget %.1f MiB per rank (lengths are chosen within %.0f%% of it: the model's accuracy target)\n",
-              mib(budget), 100 * (1 - kFitMargin));
+              mib(budget), 100 * (1 - plan::kFitMargin));
   std::string peak;
   const int64_t s = longestSeq(cfg, world, budget, &peak);
   // The plan's recompute choice is made against the budget: the run must be given the same one.
@@ -110,19 +110,102 @@ void printMaxSeq(const config::Config& cfg, int world, int64_t budget) {
   }
 }
 
-int runPlan(const ConfigFlags& f) {
-  nlohmann::json j = config::loadConfigJson(f.config, f.sets);
-  const int world = nprocOf(j, f.nproc);
+// The config `sets` give over the user's, as plan predicts it (bf16 GEMMs assumed faster).
+config::Config plannedConfig(const std::string& path, const std::vector<std::string>& sets, int world) {
+  nlohmann::json j = config::loadConfigJson(path, sets);
   config::RunPlan assumed;  // the run measures whether bf16 is faster; plan assumes it is
   const config::Config parsed = config::parseConfig(j, world);
   assumed.kernels.bf16Gemms = parsed.precision.bf16;
-  const config::Config cfg = assumed.applied(parsed);
+  return assumed.applied(parsed);
+}
+
+kernels::GemmRoute routeOf(const config::Config& cfg) {
+  if (cfg.model.resolved.bf16Gemms) return kernels::GemmRoute::Bf16;
+  return cfg.model.gemm == config::GemmChoice::OneDnn ? kernels::GemmRoute::OneDnn : kernels::GemmRoute::Blas;
+}
+
+// Rates at the rank's thread count (restored after).
+plan::Rates ratesFor(const config::Config& cfg, int world) {
+  return train::measuredRates(routeOf(cfg), train::rankThreads(world, cfg.train.threads), world > 1, cfg.train.offloadDir);
+}
+
+std::string timeLine(const plan::StepTime& t, double tokens) {
+  return fmt::format("{:.3f} s a step, {:.0f} tokens/s (gemm {:.3f}, attention {:.3f}, pointwise {:.3f}, overhead {:.3f}, "
+                     "optimizer {:.3f}, comm {:.3f}, disk {:.3f}){}",
+                     t.total(), tokens / t.total(), t.gemm, t.attention, t.pointwise, t.overhead, t.optimizer, t.comm,
+                     t.disk, t.modelled.empty() ? "" : "; " + t.modelled);
+}
+
+}  // namespace
+
+std::vector<std::string> fitSets(const std::string& path, const std::vector<std::string>& userSets, int world,
+                                 int64_t budget, const char* how) {
+  const config::Config base = plannedConfig(path, userSets, world);
+  train::calibrateProcessBaseline(world, base.train.threads);
+  const plan::Rates rates = ratesFor(base, world);
+  auto with = [&](const std::vector<std::string>& sets) {
+    std::vector<std::string> all = userSets;
+    all.insert(all.end(), sets.begin(), sets.end());
+    return plannedConfig(path, all, world);
+  };
+  const plan::FitResult r = plan::fit(base, with, world, budget, rates);
+  std::printf("fit: %d candidates on %d rank%s: %zu fit %.0f MiB a rank (less %.0f%%), %d over it, %d refused by the "
+              "config's rules\n",
+              r.considered, world, world > 1 ? "s" : "", r.fitting.size(), mib(budget), 100 * plan::kFitMargin, r.tooBig,
+              r.invalid);
+  LT_CHECK(!r.fitting.empty(), "nothing fits ", mib(budget), " MiB a rank: the smallest candidate needs more. Give a larger "
+           "budget, more ranks (--nproc), a shorter data.seq_len, or set train.offload_dir to offload activations to disk");
+  const double tokens = plan::tokensPerStep(r.fitting.front().cfg);
+  const auto& best = r.fitting.front();
+  std::printf("chosen: %s\n  peak %.0f MiB a rank predicted (at %s)\n  step %s\n", best.describe().c_str(),
+              mib(best.peak.total()), best.peak.phase.c_str(), timeLine(best.time, tokens).c_str());
+  std::string flags = world > 1 ? fmt::format(" --nproc {}", world) : "";
+  for (const auto& s : best.sets) flags += " --set '" + s + "'";
+  std::printf("  %s%s\n", how, flags.c_str());
+  const size_t shown = std::min<size_t>(r.fitting.size(), 6);
+  if (shown > 1) std::printf("runners-up:\n  %8s %10s %9s  %s\n", "step_s", "tokens/s", "peak_MiB", "choice");
+  for (size_t i = 1; i < shown; ++i) {
+    const auto& c = r.fitting[i];
+    std::printf("  %8.3f %10.0f %9.0f  %s\n", c.time.total(), tokens / c.time.total(), mib(c.peak.total()),
+                c.describe().c_str());
+  }
+  for (const auto& why : r.notConsidered) std::printf("not considered: %s\n", why.c_str());
+  return best.sets;
+}
+
+namespace {
+
+// "auto" tiling as the run resolves it against `budget` (plan: the most tiling for --max-seq,
+// whose lengths need it).
+config::Config withTiling(config::Config cfg, int world, int64_t budget) {
+  if (!cfg.model.lossChunkAuto && !cfg.model.tiledMlpAuto) return cfg;
+  const plan::Tiling t = budget > 0 ? plan::chooseTiling(cfg, world, budget) : plan::Tiling{256, true};
+  if (cfg.model.lossChunkAuto) cfg.model.lossChunk = t.lossChunk;
+  if (cfg.model.tiledMlpAuto) cfg.model.tiledMlp = t.tiledMlp;
+  return cfg;
+}
+
+int runPlan(const ConfigFlags& f) {
+  LT_CHECK(f.maxSeq.empty() || f.fit.empty(), "plan takes --max-seq or --fit, not both");
+  nlohmann::json j = config::loadConfigJson(f.config, f.sets);
+  const int world = nprocOf(j, f.nproc);
+  if (!f.fit.empty()) {
+    (void)fitSets(f.config, f.sets, world, plan::parseBytes(f.fit), "run it: longtrain train CONFIG");
+    return 0;
+  }
+  config::Config cfg = plannedConfig(f.config, f.sets, world);
   for (const auto& line : cfg.notices) std::printf("longtrain: %s\n", line.c_str());
   const int64_t budget = f.maxSeq.empty() ? 0 : plan::parseBytes(f.maxSeq);
   train::calibrateProcessBaseline(world, cfg.train.threads);  // measured: train/process_baseline.h
+  cfg = withTiling(cfg, world, f.maxSeq.empty() ? plan::memoryBudgetFor(cfg, world) : 0);
   printHeader(cfg, world);
-  if (f.maxSeq.empty()) printPeak(cfg, world);
-  else printMaxSeq(cfg, world, budget);
+  if (!f.maxSeq.empty()) {
+    printMaxSeq(cfg, world, budget);
+    return 0;
+  }
+  printPeak(cfg, world);
+  const int k = plan::graphBlocksFor(cfg, world, plan::memoryBudgetFor(cfg, world));
+  std::printf("step %s\n", timeLine(plan::predictStepTime(cfg, world, k, ratesFor(cfg, world)), plan::tokensPerStep(cfg)).c_str());
   return 0;
 }
 
@@ -159,6 +242,8 @@ Command planCommand(CLI::App& app) {
   auto* plan = app.add_subcommand("plan", "predict each rank's peak memory for a config, or (--max-seq) the "
                                           "longest seq_len within a per-rank budget; runs nothing");
   addConfigOptions(plan, *f);
+  plan->add_option("--fit", f->fit, "per-rank byte budget: the layout, ZeRO stage, tiling, micro-batch split and "
+                                     "recompute set that fit it and are predicted fastest, with runners-up");
   plan->add_option("--max-seq", f->maxSeq, "per-rank byte budget (4GiB, 512MiB, 1.5GB or plain bytes): print the "
                                            "longest seq_len that fits, and the ablation ladder's");
   return {plan, [f] { return runPlan(*f); }};

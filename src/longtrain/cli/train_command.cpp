@@ -18,6 +18,7 @@
 #include "longtrain/core/check.h"
 #include "longtrain/core/stop.h"
 #include "longtrain/offload/activation_file.h"
+#include "longtrain/plan/memory_model.h"
 #include "longtrain/plan/preflight.h"
 #include "longtrain/train/inputs.h"
 #include "longtrain/train/process_baseline.h"
@@ -28,7 +29,7 @@ namespace lt::cli {
 namespace {
 
 struct TrainFlags {
-  std::string config, metrics, resume, trace;
+  std::string config, metrics, resume, trace, fit;
   bool printProgram = false;
   int nproc = 0;  // per node; 0: the config's train.nproc
   int maxRestarts = 0;
@@ -40,7 +41,7 @@ struct TrainFlags {
 };
 
 // Several nodes (--nnodes, --master-addr) or several local ranks: this process launches.
-int launchRanks(int argc, char** argv, const TrainFlags& fl, const config::Config& cfg, int nproc) {
+int launchRanks(const std::vector<std::string>& args, const TrainFlags& fl, const config::Config& cfg, int nproc) {
   comm::LaunchOptions lo;
   lo.nprocPerNode = nproc;
   lo.nnodes = fl.nnodes;
@@ -51,7 +52,7 @@ int launchRanks(int argc, char** argv, const TrainFlags& fl, const config::Confi
   lo.rdzvTimeout = std::chrono::milliseconds(static_cast<int64_t>(fl.rdzvTimeoutS * 1000));
   lo.grace = std::chrono::milliseconds(cfg.train.commTimeoutMs() + 10000);
   lo.maxRestarts = fl.maxRestarts;
-  return comm::launch(std::vector<std::string>(argv, argv + argc), lo);
+  return comm::launch(args, lo);
 }
 
 // Fault injection (tests) fires on the first attempt only, so a restarted job can finish.
@@ -123,8 +124,33 @@ std::string checkBeforeLaunch(const config::Config& cfg, const TrainFlags& fl, b
   return resume;
 }
 
-int runTrain(int argc, char** argv, const TrainFlags& fl) {
+// The command line without --fit BUDGET, with the choice's --set flags after it: what the ranks run.
+std::vector<std::string> withFitApplied(int argc, char** argv, const std::vector<std::string>& chosen) {
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--fit") ++i;
+    else if (a.rfind("--fit=", 0) != 0) args.push_back(a);
+  }
+  for (const auto& s : chosen) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  return args;
+}
+
+int runTrain(int argc, char** argv, TrainFlags fl) {
   const bool inRank = std::getenv("WORLD_SIZE") != nullptr;
+  std::vector<std::string> args(argv, argv + argc);
+  if (!fl.fit.empty()) {
+    LT_CHECK(!inRank, "--fit is chosen by longtrain's own launcher, once for all its ranks; under another launcher, run "
+             "`longtrain plan CONFIG --nproc N --fit ", fl.fit, "` and pass the --set flags it prints");
+    const int nproc = nprocOf(config::loadConfigJson(fl.config, fl.sets), fl.nproc);
+    const auto chosen = fitSets(fl.config, fl.sets, nproc * fl.nnodes, plan::parseBytes(fl.fit), "train runs it with:");
+    std::fflush(stdout);
+    fl.sets.insert(fl.sets.end(), chosen.begin(), chosen.end());
+    args = withFitApplied(argc, argv, chosen);
+  }
   nlohmann::json j = config::loadConfigJson(fl.config, fl.sets);
   const int nproc = nprocOf(j, fl.nproc);
   const int world = inRank ? comm::envInt("WORLD_SIZE", 1) : nproc * fl.nnodes;
@@ -135,7 +161,7 @@ int runTrain(int argc, char** argv, const TrainFlags& fl) {
   const std::string resume = checkBeforeLaunch(cfg, fl, inRank, world, nproc);
   if (!inRank && (nproc > 1 || fl.maxRestarts > 0 || fl.nnodes > 1 || !fl.masterAddr.empty())) {
     train::checkInputs(cfg);  // once here, not once per rank
-    return launchRanks(argc, argv, fl, cfg, nproc);
+    return launchRanks(args, fl, cfg, nproc);
   }
   return runRank(cfg, fl, resume);
 }
@@ -167,6 +193,9 @@ Command trainCommand(CLI::App& app, int argc, char** argv) {
   addLaunchOptions(train, *fl);
   train->add_option("--set", fl->sets, "override a config key by its dotted path with a JSON value, e.g. "
                                        "--set zero_optimization.stage=3 (repeatable)");
+  train->add_option("--fit", fl->fit, "per-rank byte budget (4GiB, 512MiB): choose the layout, ZeRO stage, tiling, "
+                                      "micro-batch split and recompute set that fit it and are predicted fastest "
+                                      "(as plan --fit), and train with them");
   train->add_option("--metrics", fl->metrics, "write one JSON object per optimizer step to this file (rank 0; "
                                               "appended to when resuming)");
   train->add_flag("--print-program", fl->printProgram, "print the step program before training");

@@ -52,6 +52,9 @@ struct ModelConfig {
   int64_t attentionChunk = 0;  // tile edge of "fused" and "chunked"; 0: theirs (128) / 256
   int64_t lossChunk = 0;       // 0: logits of the whole sequence at once; else tiles of this many tokens
   bool tiledMlp = false;       // MLP over ceil(S / hidden) sequence shards (DeepSpeed's TiledMLP)
+  // "auto" for either: the run plan chooses against the memory budget (plan::chooseTiling) and
+  // config::RunPlan::model writes the choice into the two fields above.
+  bool lossChunkAuto = false, tiledMlpAuto = false;
   // Fused RMSNorm, SwiGLU and RoPE, q/k/v and gate/up each one GEMM; false: the ATen
   // composition, the reference the fused path is tested against. Parameters are the same.
   bool fusedKernels = true;

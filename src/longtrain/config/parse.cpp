@@ -223,6 +223,14 @@ void parseArchitecture(JsonReader& m, ModelConfig& mc, const std::optional<HfLla
   parseVariant(k, mc, theirs);
 }
 
+// A key that takes "auto" besides its typed values (recorded as "auto" when it is).
+bool isAuto(JsonReader& r, const std::string& key) {
+  const json* v = r.find(key);
+  if (!v || !v->is_string() || *v != "auto") return false;
+  r.record(key, "auto");
+  return true;
+}
+
 ModelConfig parseModel(JsonReader m) {
   ModelConfig mc;
   mc.initFrom = m.getString("init_from", mc.initFrom);
@@ -232,8 +240,10 @@ ModelConfig parseModel(JsonReader m) {
   mc.initStd = m.getNum("init_std", mc.initStd, 0, 10);
   mc.attention = m.getOption("attention", mc.attention);
   mc.attentionChunk = m.getInt("attention_chunk", mc.attentionChunk, 0, kBig);
-  mc.lossChunk = m.getInt("loss_chunk", mc.lossChunk, 0, kBig);
-  mc.tiledMlp = m.getBool("tiled_mlp", mc.tiledMlp);
+  mc.lossChunkAuto = isAuto(m, "loss_chunk");
+  if (!mc.lossChunkAuto) mc.lossChunk = m.getInt("loss_chunk", mc.lossChunk, 0, kBig);
+  mc.tiledMlpAuto = isAuto(m, "tiled_mlp");
+  if (!mc.tiledMlpAuto) mc.tiledMlp = m.getBool("tiled_mlp", mc.tiledMlp);
   mc.fusedKernels = m.getBool("fused_kernels", mc.fusedKernels);
   mc.gemm = m.getOption("gemm", mc.gemm);
   m.finish();

@@ -8,12 +8,16 @@ std::vector<std::pair<std::string, double>> RunPlan::agreedFields() const {
           {"bf16.enabled (resolved: bf16 GEMMs)", kernels.bf16Gemms ? 1.0 : 0.0},
           {"bf16.attention (resolved: bf16 attention products)", kernels.bf16Attention ? 1.0 : 0.0},
           {"data.packing (documents)", kernels.packedDocuments ? 1.0 : 0.0},
-          {"activation_checkpointing (blocks keeping their graph)", static_cast<double>(graphBlocks)}};
+          {"activation_checkpointing (blocks keeping their graph)", static_cast<double>(graphBlocks)},
+          {"model.loss_chunk (resolved from \"auto\")", static_cast<double>(lossChunk)},
+          {"model.tiled_mlp (resolved from \"auto\")", tiledMlp ? 1.0 : 0.0}};
 }
 
 ModelConfig RunPlan::model(const ModelConfig& m) const {
   ModelConfig out = m;
   out.resolved = kernels;
+  if (m.lossChunkAuto) out.lossChunk = lossChunk;
+  if (m.tiledMlpAuto) out.tiledMlp = tiledMlp;
   return out;
 }
 

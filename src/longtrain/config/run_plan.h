@@ -17,6 +17,9 @@ namespace lt::config {
 struct RunPlan {
   KernelChoices kernels;  // GEMM route, bf16 GEMMs and attention, document packing
   int graphBlocks = 0;           // activation_checkpointing resolved: the last k blocks keep their graph
+  // model.loss_chunk and model.tiled_mlp "auto" resolved (plan::chooseTiling); unused otherwise.
+  int64_t lossChunk = 0;
+  bool tiledMlp = false;
   int64_t memoryBudget = 0;      // this rank's bytes, what "auto" chose against (not compared)
 
   // The fields every rank must hold the same, by config-style name, as numbers.

@@ -79,26 +79,6 @@ config::ParallelLayout layoutOf(const config::Config& c) {
   return config::layoutOf(c, c.sequenceParallelSize);
 }
 
-StepShape shapeOf(const config::Config& c) {
-  const auto& m = c.model;
-  const config::ParallelLayout lay = layoutOf(c);
-  StepShape s;
-  s.batch = static_cast<double>(c.microBatch);
-  s.seq = static_cast<double>(lay.paddedLength(c.data.seqLen));
-  s.sp = c.sequenceParallelSize;
-  s.ulysses = lay.U;
-  s.ring = lay.R;
-  s.tokens = s.seq / s.sp;
-  s.hidden = static_cast<double>(m.hidden);
-  s.heads = static_cast<double>(m.heads);
-  s.kvHeads = static_cast<double>(m.kvHeads);
-  s.headDim = static_cast<double>(m.headDim());
-  s.intermediate = static_cast<double>(m.intermediate);
-  s.vocab = static_cast<double>(m.vocabSize);
-  s.attentionTile = static_cast<double>(m.attentionChunk > 0 ? m.attentionChunk : 256);
-  s.lossTile = m.lossChunk > 0 ? std::min<double>(static_cast<double>(m.lossChunk), s.tokens) : s.tokens;
-  return s;
-}
 
 Counts countsOf(const config::Config& c, int world) {
   const auto& m = c.model;
@@ -168,6 +148,27 @@ void addLossTerms(const config::Config& c, StepTerms& t) {
 
 }  // namespace
 
+StepShape stepShapeOf(const config::Config& c) {
+  const auto& m = c.model;
+  const config::ParallelLayout lay = layoutOf(c);
+  StepShape s;
+  s.batch = static_cast<double>(c.microBatch);
+  s.seq = static_cast<double>(lay.paddedLength(c.data.seqLen));
+  s.sp = c.sequenceParallelSize;
+  s.ulysses = lay.U;
+  s.ring = lay.R;
+  s.tokens = s.seq / s.sp;
+  s.hidden = static_cast<double>(m.hidden);
+  s.heads = static_cast<double>(m.heads);
+  s.kvHeads = static_cast<double>(m.kvHeads);
+  s.headDim = static_cast<double>(m.headDim());
+  s.intermediate = static_cast<double>(m.intermediate);
+  s.vocab = static_cast<double>(m.vocabSize);
+  s.attentionTile = static_cast<double>(m.attentionChunk > 0 ? m.attentionChunk : 256);
+  s.lossTile = m.lossChunk > 0 ? std::min<double>(static_cast<double>(m.lossChunk), s.tokens) : s.tokens;
+  return s;
+}
+
 ModelState modelState(const config::Config& c, int world) {
   const Counts d = countsOf(c, world);
   const int stage = c.zero.stage;
@@ -209,7 +210,7 @@ struct Prediction {
 
 StepTerms stepTerms(const config::Config& c, int world) {
   StepTerms t;
-  t.s = shapeOf(c);
+  t.s = stepShapeOf(c);
   t.n = countsOf(c, world);
   t.z3 = c.zero.stage == 3;
   t.zero = c.zero.stage >= 1;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "longtrain/config/parse.h"
+#include "longtrain/core/footprint.h"
 
 namespace lt::plan {
 
@@ -40,6 +41,9 @@ struct ProcessBaseline {
 };
 void setProcessBaseline(const ProcessBaseline& b);
 ProcessBaseline processBaseline();
+
+// The shapes one micro-step of `cfg` works on (the units the footprints count in).
+StepShape stepShapeOf(const config::Config& cfg);
 
 // Per-rank prediction for `cfg` with `world` ranks (data-parallel size = world / SP), when
 // the last `graphBlocks` blocks keep their autograd graph and the others are recomputed.

@@ -20,6 +20,7 @@
 #include "longtrain/data/tokenizer.h"
 #include "longtrain/model/attention.h"
 #include "longtrain/offload/grad_verdict.h"
+#include "longtrain/plan/fit.h"
 #include "longtrain/plan/memory_model.h"
 #include "longtrain/sp/ring_attention.h"
 #include "longtrain/train/lr_schedule.h"
@@ -112,6 +113,8 @@ Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg
   k.bf16Attention = cfg_.precision.attention;
   k.bf16Attention = model::attentionInBf16(plan_.model(cfg_.model));
   k.packedDocuments = cfg_.data.packing == config::Packing::Documents;
+  plan_.memoryBudget = plan::memoryBudgetFor(cfg_, opts.localRanks > 0 ? opts.localRanks : groups_.world->size());
+  chooseTiling();  // before the model: it is built with the tiling
   // With init_from the weights come from its safetensors (loadInitialWeights, below).
   model_ = std::make_unique<model::Model>(plan_.model(cfg_.model), cfg_.seed, /*initialize=*/cfg_.model.initFrom.empty());
   std::vector<int64_t> groupBytes;  // before ZeRO-3 frees the full tensors
@@ -126,7 +129,6 @@ Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg
   buildLoader();
   buildOptimizer(opts);
   if (!cfg_.model.initFrom.empty()) loadInitialWeights();
-  plan_.memoryBudget = plan::memoryBudgetFor(cfg_, opts.localRanks > 0 ? opts.localRanks : groups_.world->size());
   plan_.graphBlocks = chooseGraphBlocks();
   agreeOnPlan(plan_, *groups_.world);
   buildProgram();
@@ -242,6 +244,24 @@ bool Engine::chooseBf16() {
 bool Engine::chooseOneDnnGemm() {
   if (cfg_.model.gemm != config::GemmChoice::Auto) return cfg_.model.gemm == config::GemmChoice::OneDnn;
   return blasKernelReport().belowCpu;
+}
+
+// model.loss_chunk / tiled_mlp "auto": each rank chooses against its own budget, and the world
+// takes the most tiling any rank needs (the tiling changes no collective, but every rank must
+// build the same program).
+void Engine::chooseTiling() {
+  if (!cfg_.model.lossChunkAuto && !cfg_.model.tiledMlpAuto) return;
+  const plan::Tiling t = plan::chooseTiling(plan_.applied(cfg_), groups_.world->size(), plan_.memoryBudget);
+  const double level = t.lossChunk == 0 ? 0 : t.lossChunk >= 1024 ? 1 : 2;
+  auto v = at::tensor({level, t.tiledMlp ? 1.0 : 0.0}, at::kDouble);
+  groups_.world->allReduce(v, comm::ReduceOp::Max).wait();
+  const int agreed = static_cast<int>(v[0].item<double>());
+  plan_.lossChunk = agreed == 0 ? 0 : agreed == 1 ? 1024 : 256;
+  plan_.tiledMlp = v[1].item<double>() > 0;
+  const config::ModelConfig m = plan_.model(cfg_.model);
+  if (groups_.world->rank() == 0)
+    std::printf("longtrain: \"auto\" tiling against %.0f MiB a rank: model.loss_chunk %lld, model.tiled_mlp %s\n",
+                static_cast<double>(plan_.memoryBudget) / 1048576.0, (long long)m.lossChunk, m.tiledMlp ? "true" : "false");
 }
 
 int Engine::chooseGraphBlocks() {

@@ -115,10 +115,6 @@ Sample runTiny(const std::string& exe, int ranks, int threads) {
   return s;
 }
 
-int threadsOf(int world, int threads) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return threads > 0 ? threads : std::max(1, cores / std::max(1, std::min(world, cores)));
-}
 
 fs::path recordFile() {
   const std::string dir = peakRecordDir();
@@ -148,7 +144,7 @@ Sample sampleOf(int ranks, int threads, bool mayRun) {
 // at one rank none (it peaks at the run's RSS plus the step's live bytes, within 3% on the fused
 // rows), at several all (a process group's start-up frees whole buffers, ~45 MiB a rank).
 plan::ProcessBaseline baselineOf(int world, int threads, bool mayRun) {
-  const Sample s = sampleOf(world > 1 ? 2 : 1, threadsOf(world, threads), mayRun);
+  const Sample s = sampleOf(world > 1 ? 2 : 1, rankThreads(world, threads), mayRun);
   if (!s.valid()) {
     const Sample self = thisProcess();
     return {self.rss, self.peak};
@@ -157,6 +153,11 @@ plan::ProcessBaseline baselineOf(int world, int threads, bool mayRun) {
 }
 
 }  // namespace
+
+int rankThreads(int world, int threads) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return threads > 0 ? threads : std::max(1, cores / std::max(1, std::min(world, cores)));
+}
 
 int64_t calibrateProcessBaseline(int world, int threads) {
   const plan::ProcessBaseline b = baselineOf(world, threads, true);

@@ -15,6 +15,10 @@ namespace lt::train {
 // plan::setProcessBaseline; returns the resident bytes.
 int64_t calibrateProcessBaseline(int world, int threads);
 
+// The intra-op threads a rank of a `world`-rank run uses: train.threads (`threads`) when positive,
+// else this host's cores divided among the ranks.
+int rankThreads(int world, int threads);
+
 // Inside a rank, after its bring-up: as above, but no calibration run is started (without a
 // record, this rank's own RSS).
 int64_t rankProcessBaseline(int world, int threads);

@@ -1,0 +1,59 @@
+// The time model behind `plan --fit`: one rank's optimizer-step time for a config, from rates
+// this machine measures (train/measured_rates.h) and the work the config implies. Non-obvious:
+// the rates are measured at the shapes the run uses (each GEMM at its own M, N, K; attention at
+// the rank's heads and head dim; bandwidth at the working set's size), because a GEMM with K = 64
+// runs at a fraction of the 1024^3 peak and a pointwise pass over 1 MiB runs from cache: one
+// peak figure per machine would rank small and large shapes wrongly. Arithmetic is in double.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "longtrain/config/config.h"
+
+namespace lt::plan {
+
+// What the machine does, as seconds for a piece of work. Filled by train::measuredRates (which
+// measures each shape once and caches it); tests fill it with closed forms.
+struct Rates {
+  // One linear layer over M rows, y = x W^T with W [N, K]: forward, and backward's two products.
+  std::function<double(int64_t M, int64_t N, int64_t K)> linearForward, linearBackward;
+  // Fused causal attention over B sequences of S tokens (queries = keys), `heads` query heads
+  // and `kvHeads` kv heads of `dim`: forward, and backward (which recomputes the tiles).
+  std::function<double(int64_t B, int64_t S, int64_t heads, int64_t kvHeads, int64_t dim)> attentionForward,
+      attentionBackward;
+  // Seconds per byte a pointwise pass streams (read and written) over tensors of `tensorBytes`:
+  // memory bandwidth at that working set (from cache when it fits).
+  std::function<double(double tensorBytes)> streamSecondsPerByte;
+  // One small ATen op: dispatch, allocation, and waking the intra-op threads.
+  double opSeconds = 0;
+  // Adam on fp32 parameters: seconds per element (the vectorized CPU Adam).
+  double adamSecondsPerElement = 0;
+  // A collective's bytes between this host's ranks: seconds per byte each rank sends.
+  double commSecondsPerByte = 0;
+  // train.offload_dir: seconds per byte written and read back (0: unmeasured, no offload).
+  double diskSecondsPerByte = 0;
+};
+
+// One rank's step, by where its time goes (seconds). total() is what the rank waits for.
+struct StepTime {
+  double gemm = 0;        // the model's linear layers, recompute's forwards included
+  double attention = 0;   // the fused attention core
+  double pointwise = 0;   // norms, RoPE, SwiGLU, residuals, layout copies, the loss's softmax
+  double overhead = 0;    // per-op dispatch and thread wake-ups
+  double optimizer = 0;   // Adam over the rank's parameters (its partition under ZeRO)
+  double comm = 0;        // collectives not hidden behind compute
+  double commHidden = 0;  // collectives the compute hides (not in total(): ranks ties)
+  double disk = 0;        // activation offload not hidden behind compute
+  std::string modelled;   // "" or why the prediction is incomplete (an attention the model lacks)
+  double total() const { return gemm + attention + pointwise + overhead + optimizer + comm + disk; }
+};
+
+// One optimizer step of `cfg` on `world` ranks when the last `graphBlocks` blocks keep their graph
+// (the others are recomputed in backward).
+StepTime predictStepTime(const config::Config& cfg, int world, int graphBlocks, const Rates& rates);
+
+// Tokens one optimizer step trains over the whole job: train_batch_size x seq_len.
+double tokensPerStep(const config::Config& cfg);
+
+}  // namespace lt::plan

@@ -1,0 +1,256 @@
+// Measured rates (measured_rates.h). GEMMs above kMeasuredRows rows, and attention above 2048
+// tokens, are timed there and scaled: their rate has stopped changing with size by then.
+#include "longtrain/train/measured_rates.h"
+
+#include <ATen/ATen.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "longtrain/kernels/cpu_adam.h"
+#include "longtrain/kernels/fused_attention.h"
+
+namespace lt::train {
+
+namespace {
+
+constexpr int64_t kMeasuredRows = 2048;
+
+using Clock = std::chrono::steady_clock;
+
+// Median seconds of one call of `fn`, over rounds long enough to time (>= 5 ms each), after a warm-up.
+template <class F>
+double medianSeconds(F&& fn) {
+  fn();
+  auto t0 = Clock::now();
+  fn();
+  const double once = std::chrono::duration<double>(Clock::now() - t0).count();
+  const int reps = std::max(1, static_cast<int>(0.005 / std::max(once, 1e-7)));
+  const int rounds = once > 0.2 ? 3 : 5;
+  std::vector<double> s;
+  for (int r = 0; r < rounds; ++r) {
+    t0 = Clock::now();
+    for (int i = 0; i < reps; ++i) fn();
+    s.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / reps);
+  }
+  std::sort(s.begin(), s.end());
+  return s[s.size() / 2];
+}
+
+struct LinearTimes {
+  double forward = 0, backward = 0;
+};
+
+// y = x W^T over M rows, and backward's dX = dY W and dW = dY^T X, by `route`.
+LinearTimes timeLinear(int64_t M, int64_t N, int64_t K, kernels::GemmRoute route) {
+  const auto type = route == kernels::GemmRoute::Bf16 ? at::kBFloat16 : at::kFloat;
+  auto x = at::randn({M, K}).to(type), w = at::randn({N, K}).to(type), dy = at::randn({M, N}).to(type);
+  auto y = at::empty({M, N}), dx = at::empty({M, K}), dw = at::empty({N, K});
+  LinearTimes t;
+  t.forward = medianSeconds([&] { kernels::matmulInto(y, x, false, w, true, route); });
+  t.backward = medianSeconds([&] {
+    kernels::matmulInto(dx, dy, false, w, false, route);
+    kernels::matmulInto(dw, dy, true, x, false, route);
+  });
+  return t;
+}
+
+struct AttentionTimes {
+  double forward = 0, backward = 0;
+};
+
+AttentionTimes timeAttention(int64_t B, int64_t S, int64_t heads, int64_t kvHeads, int64_t dim) {
+  auto q = at::randn({B, S, heads, dim}).set_requires_grad(true);
+  auto k = at::randn({B, S, kvHeads, dim}).set_requires_grad(true);
+  auto v = at::randn({B, S, kvHeads, dim}).set_requires_grad(true);
+  auto g = at::randn({B, S, heads, dim});
+  AttentionTimes t;
+  {
+    at::NoGradGuard ng;
+    t.forward = medianSeconds([&] { (void)kernels::fusedAttention(q, k, v); });
+  }
+  const double both = medianSeconds([&] {
+    kernels::fusedAttention(q, k, v).backward(g);
+    for (auto* p : {&q, &k, &v}) p->mutable_grad().reset();
+  });
+  t.backward = std::max(0.0, both - t.forward);
+  return t;
+}
+
+// Seconds per byte of x.mul_(c) over a tensor of `bytes` (each element read and written).
+double timeStream(double bytes) {
+  const int64_t n = std::max<int64_t>(1024, static_cast<int64_t>(bytes / 4));
+  auto x = at::ones({n});
+  return medianSeconds([&] { x.mul_(1.0f); }) / (2.0 * 4.0 * static_cast<double>(n));
+}
+
+double timeSmallOp() {
+  auto a = at::ones({256}), b = at::ones({256});
+  return medianSeconds([&] { (void)at::add(a, b); });
+}
+
+double timeAdamPerElement() {
+  constexpr int64_t n = 1 << 22;
+  std::vector<float> p(n, 1.0f), g(n, 1e-3f), m(n, 0.0f), v(n, 0.0f);
+  int64_t step = 0;
+  return medianSeconds([&] {
+           kernels::adamStep(p.data(), g.data(), m.data(), v.data(), n, ++step, {}, at::get_num_threads());
+         }) /
+         static_cast<double>(n);
+}
+
+constexpr size_t kStreamTotal = 64u << 20, kStreamPiece = 1u << 20;
+
+// Loopback TCP, one stream of 64 MiB: Gloo's transport between ranks of one host. 0 on failure.
+double timeLoopbackPerByte() {
+  const int server = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (server < 0 || ::bind(server, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(server, 1) != 0 ||
+      ::getsockname(server, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (server >= 0) ::close(server);
+    return 0;
+  }
+  std::thread sender([addr] {
+    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    std::vector<char> buf(kStreamPiece, 1);
+    if (s >= 0 && ::connect(s, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0)
+      for (size_t sent = 0; sent < kStreamTotal;) {
+        const ssize_t w = ::send(s, buf.data(), std::min(kStreamPiece, kStreamTotal - sent), MSG_NOSIGNAL);
+        if (w <= 0) break;
+        sent += static_cast<size_t>(w);
+      }
+    if (s >= 0) ::close(s);
+  });
+  const int c = ::accept(server, nullptr, nullptr);
+  std::vector<char> buf(kStreamPiece);
+  size_t got = 0;
+  const auto t0 = Clock::now();
+  while (c >= 0 && got < kStreamTotal) {
+    const ssize_t r = ::recv(c, buf.data(), kStreamPiece, 0);
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  sender.join();
+  if (c >= 0) ::close(c);
+  ::close(server);
+  return got == kStreamTotal ? s / static_cast<double>(kStreamTotal) : 0;
+}
+
+// 64 MiB written to a file in `dir` and read back (the page cache's rate, as the offload sees it
+// while memory lasts). 0 where the file cannot be made.
+double timeDiskPerByte(const std::string& dir) {
+  const std::string path = dir + "/.longtrain_rate_probe";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return 0;
+  ::unlink(path.c_str());
+  constexpr size_t kTotal = 64u << 20;
+  std::vector<char> buf(kTotal, 1);
+  const auto t0 = Clock::now();
+  const bool ok = ::pwrite(fd, buf.data(), kTotal, 0) == static_cast<ssize_t>(kTotal) &&
+                  ::pread(fd, buf.data(), kTotal, 0) == static_cast<ssize_t>(kTotal);
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  ::close(fd);
+  return ok ? s / (2.0 * kTotal) : 0;
+}
+
+// Scales a time measured at min(n, cap) to n.
+template <class F>
+double scaledTo(int64_t n, int64_t cap, F&& timeAt) {
+  const int64_t at = std::min(n, cap);
+  return timeAt(at) * static_cast<double>(n) / static_cast<double>(at);
+}
+
+// The rank's intra-op thread count for the length of a measurement.
+class ThreadsFor {
+ public:
+  explicit ThreadsFor(int threads) : before_(at::get_num_threads()) { at::set_num_threads(threads); }
+  ~ThreadsFor() { at::set_num_threads(before_); }
+  ThreadsFor(const ThreadsFor&) = delete;
+  ThreadsFor& operator=(const ThreadsFor&) = delete;
+
+ private:
+  int before_;
+};
+
+struct Cache {
+  kernels::GemmRoute route;
+  int threads = 1;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, LinearTimes> linear;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, AttentionTimes> attention;
+  std::map<int, double> stream;  // by log2 of the tensor's bytes
+  const LinearTimes& linearAt(int64_t M, int64_t N, int64_t K) {
+    auto key = std::make_tuple(M, N, K);
+    auto it = linear.find(key);
+    if (it == linear.end()) {
+      ThreadsFor t(threads);
+      it = linear.emplace(key, timeLinear(M, N, K, route)).first;
+    }
+    return it->second;
+  }
+  const AttentionTimes& attentionAt(int64_t B, int64_t S, int64_t h, int64_t hk, int64_t d) {
+    auto key = std::make_tuple(B, S, h, hk, d);
+    auto it = attention.find(key);
+    if (it == attention.end()) {
+      ThreadsFor t(threads);
+      it = attention.emplace(key, timeAttention(B, S, h, hk, d)).first;
+    }
+    return it->second;
+  }
+  double streamAt(double bytes) {
+    const int bucket = std::clamp(static_cast<int>(std::log2(std::max(bytes, 1.0))), 16, 28);
+    auto it = stream.find(bucket);
+    if (it == stream.end()) {
+      ThreadsFor t(threads);
+      it = stream.emplace(bucket, timeStream(std::ldexp(1.0, bucket))).first;
+    }
+    return it->second;
+  }
+};
+
+}  // namespace
+
+plan::Rates measuredRates(kernels::GemmRoute route, int threads, bool interRank, const std::string& offloadDir) {
+  auto cache = std::make_shared<Cache>();
+  cache->route = route;
+  cache->threads = threads;
+  ThreadsFor t(threads);
+  (void)timeLinear(256, 256, 256, route);  // the thread pool and BLAS's buffers, before anything is timed
+  plan::Rates r;
+  r.linearForward = [cache](int64_t M, int64_t N, int64_t K) {
+    return scaledTo(M, kMeasuredRows, [&](int64_t m) { return cache->linearAt(m, N, K).forward; });
+  };
+  r.linearBackward = [cache](int64_t M, int64_t N, int64_t K) {
+    return scaledTo(M, kMeasuredRows, [&](int64_t m) { return cache->linearAt(m, N, K).backward; });
+  };
+  // The callers measure at <= 2048 tokens a sequence and scale by causal pairs themselves.
+  r.attentionForward = [cache](int64_t B, int64_t S, int64_t h, int64_t hk, int64_t d) {
+    return cache->attentionAt(B, S, h, hk, d).forward;
+  };
+  r.attentionBackward = [cache](int64_t B, int64_t S, int64_t h, int64_t hk, int64_t d) {
+    return cache->attentionAt(B, S, h, hk, d).backward;
+  };
+  r.streamSecondsPerByte = [cache](double bytes) { return cache->streamAt(bytes); };
+  r.opSeconds = timeSmallOp();
+  r.adamSecondsPerElement = timeAdamPerElement();
+  if (interRank) r.commSecondsPerByte = timeLoopbackPerByte();
+  if (!offloadDir.empty()) r.diskSecondsPerByte = timeDiskPerByte(offloadDir);
+  return r;
+}
+
+}  // namespace lt::train

@@ -1,0 +1,19 @@
+// The rates the time model prices a step with (plan::Rates), measured on this machine at the
+// shapes a run uses, in this process, with its intra-op thread count. Non-obvious: each figure is
+// the median of several timed rounds, not the best: the model predicts the step a run will see,
+// and a run sees the machine's typical speed (the MFU peak, train/peak_record.h, wants the best).
+// Each shape is measured once, when first asked for, and kept.
+#pragma once
+#include <string>
+
+#include "longtrain/kernels/gemm.h"
+#include "longtrain/plan/time_model.h"
+
+namespace lt::train {
+
+// GEMMs by `route` on `threads` intra-op threads (the process's count is restored after each
+// measurement); with `interRank`, the loopback TCP rate a collective between this host's ranks
+// moves at; with an `offloadDir`, that directory's write-and-read rate.
+plan::Rates measuredRates(kernels::GemmRoute route, int threads, bool interRank, const std::string& offloadDir);
+
+}  // namespace lt::train

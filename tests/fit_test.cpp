@@ -1,0 +1,214 @@
+// plan/fit and plan/time_model: the step's work in closed form (GEMM FLOPs against the model's
+// linear layers, attention against causal pairs, the ring's balance), the fit search's promises
+// (every choice within the budget, the fastest first, the config's own rules refusing the rest),
+// "auto" tiling, and `train --fit` peaking under its budget in a real run.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <string>
+
+#include "longtrain/config/parse.h"
+#include "longtrain/plan/fit.h"
+#include "longtrain/plan/time_model.h"
+
+#include "testing.h"
+
+namespace {
+
+using json = nlohmann::json;
+using lt::plan::Rates;
+using lt::testing::Tol;
+
+constexpr double kPico = 1e-12;
+
+// A machine in closed form: GEMMs at 1 TFLOP/s (forward 2MNK FLOPs, backward 4MNK), attention at
+// 1 TFLOP/s over its causal pairs (QK^T and PV forward, 2.5x that backward), streaming 10 GB/s.
+Rates closedFormRates() {
+  Rates r;
+  r.linearForward = [](int64_t M, int64_t N, int64_t K) { return 2.0 * M * N * K * kPico; };
+  r.linearBackward = [](int64_t M, int64_t N, int64_t K) { return 4.0 * M * N * K * kPico; };
+  r.attentionForward = [](int64_t B, int64_t S, int64_t h, int64_t, int64_t d) {
+    return 4.0 * B * S * (S + 1) / 2 * h * d * kPico;
+  };
+  r.attentionBackward = [](int64_t B, int64_t S, int64_t h, int64_t, int64_t d) {
+    return 10.0 * B * S * (S + 1) / 2 * h * d * kPico;
+  };
+  r.streamSecondsPerByte = [](double) { return 1e-10; };
+  r.opSeconds = 1e-6;
+  r.adamSecondsPerElement = 1e-9;
+  r.commSecondsPerByte = 1e-9;
+  return r;
+}
+
+json fitConfig() {
+  return json::parse(R"({
+    "train_micro_batch_size_per_gpu": 2,
+    "model": {"vocab_size": 4096, "hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2,
+              "intermediate_size": 352},
+    "data": {"seq_len": 2048, "num_samples": 64, "eval_samples": 0,
+             "kv": {"num_pairs": 8, "num_queries": 16, "num_keys": 8, "num_values": 8, "num_noise": 16,
+                    "fused_pairs": true}},
+    "train": {"steps": 2, "threads": 1}
+  })");
+}
+
+lt::config::Config parse(const json& j, int world, const std::vector<std::string>& sets = {}) {
+  json k = j;
+  for (const auto& s : sets) lt::config::applyOverride(k, s);
+  return lt::config::parseConfig(k, world);
+}
+
+// The model's linear weights, counted from its shapes: q, k, v, o, gate, up, down a block, and the head.
+double linearWeights(const lt::config::ModelConfig& m, double* head) {
+  const double D = m.hidden, d = m.headDim(), I = m.intermediate;
+  *head = static_cast<double>(m.vocabSize) * D;
+  return static_cast<double>(m.layers) * (D * (m.heads + 2 * m.kvHeads) * d + m.heads * d * D + 3 * D * I);
+}
+
+TEST(TimeModel, GemmWorkIsSixFlopsPerWeightPerToken) {
+  const auto c = parse(fitConfig(), 1);
+  double head = 0;
+  const double blocks = linearWeights(c.model, &head);
+  const double tokens = static_cast<double>(c.microBatch * c.data.seqLen);
+  const auto kept = lt::plan::predictStepTime(c, 1, static_cast<int>(c.model.layers), closedFormRates());
+  EXPECT_NEAR(kept.gemm, 6 * (blocks + head) * tokens * kPico, Tol::kDoubleArithmetic * kept.gemm);
+  // Full recompute adds each block's forward again: 2 FLOPs a weight a token.
+  const auto recomputed = lt::plan::predictStepTime(c, 1, 0, closedFormRates());
+  EXPECT_NEAR(recomputed.gemm - kept.gemm, 2 * blocks * tokens * kPico, Tol::kDoubleArithmetic * kept.gemm);
+  // Tiles change the GEMMs' shapes, not their work.
+  const auto tiled = parse(fitConfig(), 1, {"model.loss_chunk=256", "model.tiled_mlp=true"});
+  EXPECT_NEAR(lt::plan::predictStepTime(tiled, 1, 4, closedFormRates()).gemm, kept.gemm, Tol::kDoubleArithmetic * kept.gemm);
+  // Accumulation repeats the micro-step.
+  const auto twice = parse(fitConfig(), 1, {"gradient_accumulation_steps=2"});
+  EXPECT_NEAR(lt::plan::predictStepTime(twice, 1, 4, closedFormRates()).gemm, 2 * kept.gemm, Tol::kDoubleArithmetic * kept.gemm);
+}
+
+// Attention is measured at <= 2048 tokens and scaled by causal pairs; the ring splits the pairs,
+// and contiguous shards leave the last ring rank with 2 - 1/R times the balanced share.
+TEST(TimeModel, AttentionScalesByCausalPairsAndRingBalance) {
+  const auto c = parse(fitConfig(), 1, {"data.seq_len=8192"});
+  const double S = 8192, pairs = S * (S + 1) / 2, hd = 4.0 * 32;
+  const double expected = 14 * pairs * hd * kPico * c.model.layers * c.microBatch;
+  const double one = lt::plan::predictStepTime(c, 1, 4, closedFormRates()).attention;
+  EXPECT_NEAR(one, expected, Tol::kDoubleArithmetic * expected);
+  const auto zig = parse(fitConfig(), 4, {"data.seq_len=8192", "sequence_parallel_size=4",
+                                          "sequence_parallel_ring_degree=4", "sequence_parallel_balance=\"zigzag\""});
+  const auto con = parse(fitConfig(), 4, {"data.seq_len=8192", "sequence_parallel_size=4",
+                                          "sequence_parallel_ring_degree=4", "sequence_parallel_balance=\"contiguous\""});
+  const double z = lt::plan::predictStepTime(zig, 4, 4, closedFormRates()).attention;
+  EXPECT_NEAR(z, expected / 4, Tol::kDoubleArithmetic * expected);
+  EXPECT_NEAR(lt::plan::predictStepTime(con, 4, 4, closedFormRates()).attention, z * (2 - 0.25), Tol::kDoubleArithmetic * expected);
+}
+
+// A budget between the smallest and the largest candidate: some fit, some do not; every one that
+// fits is within the budget less the margin, re-parses from its own --set list, and the list is
+// fastest first.
+TEST(Fit, EveryChoiceFitsTheBudgetAndTheFastestComesFirst) {
+  const json j = fitConfig();
+  const int world = 2;
+  auto with = [&](const std::vector<std::string>& sets) { return parse(j, world, sets); };
+  const auto base = parse(j, world);
+  const int64_t small = lt::plan::predictPeak(parse(j, world, {"model.loss_chunk=256", "model.tiled_mlp=true",
+                                                                "zero_optimization.stage=3", "sequence_parallel_size=2"}),
+                                              world, 0).total();
+  const int64_t large = lt::plan::predictPeak(base, world, 4).total();
+  ASSERT_LT(small, large);
+  const int64_t budget = (small + large) / 2;
+  const auto r = lt::plan::fit(base, with, world, budget, closedFormRates());
+  ASSERT_FALSE(r.fitting.empty());
+  EXPECT_GT(r.tooBig, 0);
+  EXPECT_GT(r.invalid, 0);  // batch splits meant for the other SP degree
+  EXPECT_EQ(r.considered, r.invalid + r.tooBig + static_cast<int>(r.fitting.size()));
+  for (size_t i = 0; i < r.fitting.size(); ++i) {
+    const auto& c = r.fitting[i];
+    EXPECT_LE(c.peak.total(), (1 - lt::plan::kFitMargin) * static_cast<double>(budget)) << c.describe();
+    if (i > 0) {
+      EXPECT_LE(r.fitting[i - 1].time.total(), c.time.total());
+    }
+    const auto again = with(c.sets);
+    EXPECT_EQ(again.sequenceParallelSize, c.cfg.sequenceParallelSize);
+    EXPECT_EQ(again.zero.stage, c.cfg.zero.stage);
+    EXPECT_EQ(again.model.lossChunk, c.cfg.model.lossChunk);
+    EXPECT_EQ(again.microBatch * again.gradAccum * again.layout.dp, base.trainBatchSize) << c.describe();
+  }
+  // Nothing fits below the smallest candidate.
+  EXPECT_TRUE(lt::plan::fit(base, with, world, small / 2, closedFormRates()).fitting.empty());
+}
+
+TEST(Fit, AutoTilingTilesOnlyWhatTheBudgetNeeds) {
+  const json j = fitConfig();
+  const auto c = parse(j, 1, {"model.loss_chunk=\"auto\"", "model.tiled_mlp=\"auto\"", "data.seq_len=8192",
+                              "activation_checkpointing=\"all\""});
+  EXPECT_TRUE(c.model.lossChunkAuto);
+  EXPECT_TRUE(c.model.tiledMlpAuto);
+  const auto roomy = lt::plan::chooseTiling(c, 1, int64_t{1} << 40);
+  EXPECT_EQ(roomy.lossChunk, 0);
+  EXPECT_FALSE(roomy.tiledMlp);
+  // Just above the fully tiled peak: only full tiling fits.
+  const int64_t tight = lt::plan::predictPeak(parse(j, 1, {"model.loss_chunk=256", "model.tiled_mlp=true",
+                                                          "data.seq_len=8192", "activation_checkpointing=\"all\""}),
+                                              1, 0).total() + (1 << 20);
+  const auto t = lt::plan::chooseTiling(c, 1, tight);
+  EXPECT_EQ(t.lossChunk, 256);
+  EXPECT_TRUE(t.tiledMlp);
+  // A key the user set keeps its value.
+  const auto fixed = parse(j, 1, {"model.loss_chunk=512", "model.tiled_mlp=\"auto\"", "data.seq_len=8192",
+                                  "activation_checkpointing=\"all\""});
+  EXPECT_EQ(lt::plan::chooseTiling(fixed, 1, tight).lossChunk, 512);
+  EXPECT_NE(lt::testing::errorOf([&] { parse(j, 1, {"model.loss_chunk=\"most\""}); }), "");
+}
+
+const std::string kBin = LONGTRAIN_BIN;
+
+lt::testing::CommandResult sh(const std::string& cmd) { return lt::testing::runCommand(cmd); }
+
+std::string writeJson(const std::string& name, const json& j) {
+  return lt::testing::writeJsonFile("longtrain_fit_test", name, j).string();
+}
+
+// `plan --fit` prints its choice, the runners-up and what it left out; `train --fit` runs the
+// choice on 2 ranks and peaks under the budget. The budget: the fully tiled, recomputed peak
+// (which the config's untiled default exceeds) plus 25%. Then "auto" tiling in a run.
+TEST(Fit, TrainFitRunsItsChoiceUnderTheBudget) {
+  json j = fitConfig();
+  j["model"]["vocab_size"] = 16384;
+  const std::string cfg = writeJson("fit.json", j);
+  const auto p = sh(kBin + " plan " + cfg + " --nproc 2 --fit 2GiB");
+  ASSERT_EQ(p.code, 0) << p.out;
+  for (const char* k : {"fit: ", "chosen: ", "runners-up:", "not considered: SuperOffload", "tokens/s"})
+    EXPECT_NE(p.out.find(k), std::string::npos) << k << "\n" << p.out;
+  const auto small = sh(kBin + " plan " + cfg + " --nproc 2 --fit 1MiB");
+  EXPECT_EQ(small.code, 1);
+  EXPECT_NE(small.out.find("nothing fits 1 MiB a rank"), std::string::npos) << small.out;
+  const std::string metrics = cfg + "l";  // fit.jsonl beside it
+  const auto peakOf = [&] {
+    std::ifstream f(metrics);
+    std::string line;
+    double peak = 0;
+    while (std::getline(f, line)) peak = std::max(peak, json::parse(line)["peak_rss_bytes"].get<double>());
+    return peak;
+  };
+  const auto probe = sh(kBin + " plan " + cfg + " --nproc 2 --set model.loss_chunk=256 --set model.tiled_mlp=true "
+                              "--set activation_checkpointing='\"all\"'");
+  ASSERT_EQ(probe.code, 0) << probe.out;
+  const auto at = probe.out.find("total");
+  ASSERT_NE(at, std::string::npos) << probe.out;
+  const int64_t budgetMiB = static_cast<int64_t>(1.25 * std::stod(probe.out.substr(at + 5)));
+  const auto r = sh(kBin + " train " + cfg + " --nproc 2 --fit " + std::to_string(budgetMiB) + "MiB --metrics " + metrics);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("chosen: "), std::string::npos) << r.out;
+  EXPECT_LE(peakOf(), static_cast<double>(budgetMiB) * (1 << 20)) << r.out;
+  // "auto" tiling in a run, with every block recomputed so that only the tiling decides: at 2%
+  // over the fully tiled peak, only full tiling fits.
+  const int64_t tightMiB = static_cast<int64_t>(1.02 * std::stod(probe.out.substr(at + 5)));
+  const auto a = sh(kBin + " train " + cfg + " --nproc 2 --set train.steps=1 --set model.loss_chunk='\"auto\"' "
+                    "--set model.tiled_mlp='\"auto\"' --set activation_checkpointing='\"all\"' "
+                    "--set train.memory_budget=" + std::to_string(tightMiB) + "MiB");
+  ASSERT_EQ(a.code, 0) << a.out;
+  EXPECT_NE(a.out.find("\"auto\" tiling against " + std::to_string(tightMiB) +
+                       " MiB a rank: model.loss_chunk 256, model.tiled_mlp true"),
+            std::string::npos) << a.out;
+}
+
+}  // namespace
