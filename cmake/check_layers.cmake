@@ -19,7 +19,7 @@ set(allowed_sp "core;config;comm;kernels;data;model")
 set(allowed_zero "core;config;comm;kernels;model;offload")
 set(allowed_compile "core;config;kernels;data;model;offload")
 set(allowed_ckpt "core;config;comm;kernels;model")
-set(allowed_plan "core;config;kernels;model;offload;sp;compile")
+set(allowed_plan "core;config;kernels;model;offload;sp;zero;compile")
 set(allowed_train "core;config;comm;kernels;data;model;offload;sp;zero;compile;ckpt;plan")
 set(allowed_cli "core;config;comm;kernels;data;model;offload;sp;zero;compile;ckpt;plan;train;report")
 

@@ -38,6 +38,19 @@ TEST_P(Collectives, ClosedForm) {
     for (int i = 0; i < n; ++i)
       EXPECT_TRUE(at::equal(out16.narrow(0, 3 * i, 3),
                             (at::arange(3, at::kFloat) * -1.37f + i * 1000.0f + 0.01f).to(at::kBFloat16)));
+    // allGatherCoalesced: an fp32 and a bf16 pair of odd lengths in one collective, each out
+    // equal to what its own allGather gives (the bf16 values need all 16 bits).
+    {
+      auto a = at::arange(5, at::kFloat) * 0.25f + r * 100.0f;
+      auto b = (at::arange(3, at::kFloat) * -1.37f + r * 1000.0f + 0.01f).to(at::kBFloat16);
+      auto outA = at::empty({5 * n}), outB = at::empty({3 * n}, at::kBFloat16);
+      c.allGatherCoalesced({outA, outB}, {a, b}).wait();
+      for (int i = 0; i < n; ++i) {
+        EXPECT_TRUE(at::equal(outA.narrow(0, 5 * i, 5), at::arange(5, at::kFloat) * 0.25f + i * 100.0f));
+        EXPECT_TRUE(at::equal(outB.narrow(0, 3 * i, 3),
+                              (at::arange(3, at::kFloat) * -1.37f + i * 1000.0f + 0.01f).to(at::kBFloat16)));
+      }
+    }
     // reduceScatter on sizes not divisible by n: element e of every rank's input is e + rank.
     for (int64_t len : {7, 13, 1, 2 * n + 1}) {
       auto src = at::arange(len, at::kFloat) + r;

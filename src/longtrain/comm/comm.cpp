@@ -246,6 +246,29 @@ Work Comm::allGather(at::Tensor out, at::Tensor in) {
   return Work(pg_->allgather(outs, ins, o), nullptr, this, "allGather");
 }
 
+Work Comm::allGatherCoalesced(std::vector<at::Tensor> outs, std::vector<at::Tensor> ins) {
+  LT_ASSERT(!ins.empty() && outs.size() == ins.size(), "allGatherCoalesced: ", outs.size(), " outs for ", ins.size(), " ins");
+  std::vector<at::Tensor> inBytes;
+  std::vector<std::vector<at::Tensor>> outLists(size_);  // [rank][i]: rank's piece of outs[i]
+  for (size_t i = 0; i < ins.size(); ++i) {
+    LT_ASSERT(outs[i].numel() == ins[i].numel() * size_, "allGatherCoalesced: out ", i, " has ", outs[i].numel(),
+              " elements, expected ", ins[i].numel() * size_);
+    LT_ASSERT(outs[i].is_contiguous() && outs[i].scalar_type() == ins[i].scalar_type());
+    auto in = ins[i].contiguous().view({-1}).view(at::kByte);  // Gloo 1.13 has no bf16; one dtype for all
+    auto out = outs[i].view({-1}).view(at::kByte);
+    const int64_t n = in.numel();
+    for (int r = 0; r < size_; ++r) outLists[r].push_back(out.narrow(0, r * n, n));
+    inBytes.push_back(in);
+  }
+  if (size_ == 1) {
+    for (size_t i = 0; i < ins.size(); ++i) outLists[0][i].copy_(inBytes[i]);
+    return {};
+  }
+  c10d::AllgatherOptions o;
+  o.timeout = opts_.timeout;  // 1.13's Gloo ignores it and bounds the collective by the group's timeout, the same
+  return Work(pg_->allgather_coalesced(outLists, inBytes, o), nullptr, this, "allGatherCoalesced");
+}
+
 std::vector<int64_t> Comm::chunkSizes(int64_t n) const {
   std::vector<int64_t> c;
   for (int r = 0; r < size_; ++r) c.push_back(partitionRange(n, size_, r).length());

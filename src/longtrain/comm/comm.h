@@ -114,6 +114,11 @@ class Comm {
   // out: [size * in.numel()] elements, rank i's `in` at offset i * in.numel(). Any shapes;
   // bf16 too (sent as bytes: Gloo has no bf16).
   Work allGather(at::Tensor out, at::Tensor in);
+  // Several all-gathers as one collective (c10d's allgather_coalesced): outs[i] receives what
+  // allGather(outs[i], ins[i]) would. Each pair has its own dtype (bf16 too): all travel as
+  // bytes. Gloo receives into one flat buffer of its own (every out's bytes, rank-major) and
+  // copies each rank's piece to its place in outs[i] when the collective completes.
+  Work allGatherCoalesced(std::vector<at::Tensor> outs, std::vector<at::Tensor> ins);
   // in: any length N (flat); out: this rank's chunk of the sum, chunk sizes from chunkSizes(N).
   // in may be bf16 with out fp32: the bf16 values travel (as bytes) and are summed in fp32.
   Work reduceScatter(at::Tensor out, at::Tensor in);

@@ -22,6 +22,7 @@
 #include "longtrain/model/footprint.h"
 #include "longtrain/offload/footprint.h"
 #include "longtrain/sp/footprint.h"
+#include "longtrain/zero/footprint.h"
 
 namespace lt::plan {
 
@@ -106,6 +107,7 @@ struct StepTerms {
   StepShape s;
   Counts n;
   bool z3 = false, zero = false;
+  double wireBytes = kF;  // ZeRO-3: bytes a block's or the head's element travels as (bf16 gathers: 2)
   // Stage 1 keeps gradients whole until the step's last micro-batch (with one micro-batch that
   // is every one: it then buckets like stage 2).
   bool accumulatesWhole = false;
@@ -213,6 +215,7 @@ StepTerms stepTerms(const config::Config& c, int world) {
   t.s = stepShapeOf(c);
   t.n = countsOf(c, world);
   t.z3 = c.zero.stage == 3;
+  if (t.z3 && c.model.resolved.bf16Gemms && c.precision.gathers) t.wireBytes = 2;
   t.zero = c.zero.stage >= 1;
   t.accumulatesWhole = c.zero.stage == 1 && c.gradAccum > 1;
   t.uD = t.s.rows(t.s.hidden);
@@ -247,9 +250,18 @@ struct Walk {
   bool readAhead = false;  // an input is being read back during the next compute instruction
   std::set<int> graphs;    // blocks whose autograd graph is kept (ForwardGraph to Backward)
   std::set<int> gathered;  // parameter groups gathered (ZeRO-3)
+  std::set<int> fetching;  // groups whose Prefetch may still run while compute goes on
   double gradsDone = 0;    // parameters whose gradients this micro-step has produced
   int offloaded = 0;
 };
+
+// Group k's ZeRO-3 gather while it runs (zero/footprint.h): blocks and the head travel at the
+// matrices' width (their norms, a few vectors, counted alike), the embedding in fp32.
+TensorBytes gatherWork(const StepTerms& t, int k) {
+  const int L = static_cast<int>(t.n.L);
+  const double wire = k < L ? t.n.blockN * t.wireBytes : k == L ? t.n.headN * t.wireBytes : t.n.embedN * kF;
+  return zero::gatherFootprint(wire, t.n.W);
+}
 
 // The phase while instruction `op` of group `g` runs: what the walk holds, and its working set.
 Phase phaseAt(const StepTerms& t, const Walk& w, compile::OpCode op, int g) {
@@ -270,6 +282,7 @@ Phase phaseAt(const StepTerms& t, const Walk& w, compile::OpCode op, int g) {
   p.optim = t.optim;
   p.transient = loss ? t.loss : t.block;
   if (w.inFlight >= 0 || w.readAhead) p.transient.add(offload::copyFootprint(t.uD));  // a copy's mapped chunk
+  for (int k : w.fetching) p.transient.add(gatherWork(t, k));
   p.name = loss ? std::string(t.s.lossTile < t.s.tokens ? "loss (logits tiles)" : "loss (whole logits)")
                 : "backward of block " + std::to_string(g) + (t.attnPeak ? " (attention)" : " (MLP)");
   return p;
@@ -296,8 +309,20 @@ int walkProgram(const compile::Program& prog, const StepTerms& t, std::vector<Ph
         w.inputs.insert(g);
         w.readAhead = true;
         break;
+      case OpCode::Prefetch:
+        w.gathered.insert(g);
+        if (t.z3) w.fetching.insert(g);
+        break;
       case OpCode::Gather:
-      case OpCode::Prefetch: w.gathered.insert(g); break;
+        w.gathered.insert(g);
+        if (t.z3 && !w.fetching.erase(g)) {  // a gather not prefetched: its collective runs now
+          Phase p = phaseAt(t, w, in.op, g);
+          p.transient = Bytes{};
+          p.transient.add(gatherWork(t, g));
+          p.name = "ZeRO-3 gather of group " + std::to_string(g);
+          phases.push_back(p);
+        }
+        break;
       case OpCode::Release: w.gathered.erase(g); break;
       case OpCode::LossAndGrad:
         w.gradsDone += t.n.headN;

@@ -2,6 +2,12 @@
 // thread runs everything but the worker's Adam steps; the two meet only through the task
 // and result channels, and a sub-group's buffers are touched by one side at a time (the
 // trainer hands a sub-group over after its gradient is final, and takes it back in step()).
+// Non-obvious: a stage 3 gather of a group is one allgather_coalesced whose outputs are the
+// parameters' places in one parameter-major buffer, and the parameters become views of it. The
+// partition stays per parameter (rank r holds chunk r of each), so on the wire the group is
+// rank-major; Gloo (1.13 and 2.x) receives any all-gather into a flat buffer of its own and
+// copies out of it, and that copy de-interleaves for free. A group-major partition would save no
+// copy under Gloo and would move every rank's shard: checkpoint pieces, the norm's sum order.
 #include "longtrain/zero/sharded_optimizer.h"
 
 #include <ATen/ATen.h>
@@ -176,6 +182,7 @@ void ShardedOptimizer::applyOwnership() {
 // into partitions (stages 1-3) or all-reduced in place (stage 0).
 void ShardedOptimizer::applyGradientBuckets() {
   pendingGathers_.resize(groupParams_.size());
+  gatheredGroupBytes_.assign(groupParams_.size(), 0);
   std::vector<int> counts;
   for (const auto& sg : subGroups_) counts.push_back(static_cast<int>(sg.params.size()));
   buckets_ = std::make_unique<IpgBuckets>(counts, [this](int sg, std::vector<GradItem>& items) { onBucket(sg, items); });
@@ -194,35 +201,57 @@ ShardedOptimizer::~ShardedOptimizer() {
 void ShardedOptimizer::setLr(double lr) { adam_->setLr(lr); }
 
 // ---------------------------------------------------------------------------- gather/release
+// One collective for whatever of the group is neither gathered nor in flight: this rank's
+// chunks (bf16 copies for bf16 parameters) all-gathered as bytes into one buffer, each
+// parameter's W chunks contiguous at its own place (Gloo's copy-out puts them there).
 void ShardedOptimizer::prefetch(int group) {
   if (o_.stage < 3) return;  // parameters are whole
   const int W = world_->size();
   auto& pend = pendingGathers_[group];
+  std::vector<int> todo;
+  int64_t total = 0;
   for (int i : groupParams_[group]) {
-    auto& pi = params_[i];
+    const auto& pi = params_[i];
     if (pi.tensor.numel() == pi.numel) continue;  // already gathered
     bool inFlight = false;
-    for (auto& pg : pend) inFlight |= pg.param == i;
+    for (const auto& pg : pend) inFlight |= std::find(pg.params.begin(), pg.params.end(), i) != pg.params.end();
     if (inFlight) continue;
     LT_ASSERT(!pi.bf16 || !bf16Stale_, "bf16 gather after resetState() without syncParameters()");
-    const auto& sg = subGroups_[pi.subGroup];
-    auto out = at::empty({W * pi.chunk}, at::kFloat);  // a bf16 gather fills its first half
-    auto dst = pi.bf16 ? out.view(at::kBFloat16).narrow(0, 0, W * pi.chunk) : out;
-    auto mine = (pi.bf16 ? sg.masterBf16 : sg.master).narrow(0, pi.offset, pi.chunk);
-    pend.push_back({i, out, world_->allGather(dst, mine)});
-    ledger_.gatheredBytes += pi.numel * 4;  // the buffer is live from now on
+    todo.push_back(i);
+    total += W * pi.chunk;
   }
+  if (todo.empty()) return;
+  auto buffer = at::empty({total}, at::kFloat);
+  std::vector<at::Tensor> outs, ins;
+  int64_t pos = 0;
+  for (int i : todo) {
+    const auto& pi = params_[i];
+    const auto& sg = subGroups_[pi.subGroup];
+    auto place = buffer.narrow(0, pos, W * pi.chunk);  // a bf16 gather fills its first half
+    outs.push_back(pi.bf16 ? place.view(at::kBFloat16).narrow(0, 0, W * pi.chunk) : place);
+    ins.push_back((pi.bf16 ? sg.masterBf16 : sg.master).narrow(0, pi.offset, pi.chunk));
+    pos += W * pi.chunk;
+  }
+  pend.push_back({std::move(todo), buffer, world_->allGatherCoalesced(std::move(outs), std::move(ins))});
+  ledger_.gatheredBytes += total * 4;  // the buffer is live from now on
   ledger_.gatheredPeakBytes = std::max(ledger_.gatheredPeakBytes, ledger_.gatheredBytes);
 }
 
 void ShardedOptimizer::gather(int group) {
   if (o_.stage < 3) return;
   prefetch(group);  // starts whatever is not gathered or in flight
+  const int W = world_->size();
   for (auto& pg : pendingGathers_[group]) {
     pg.work.wait();
-    auto& pi = params_[pg.param];
-    if (pi.bf16) widenBf16InPlace(pg.out, pi.numel);
-    pi.tensor.set_data(pg.out.narrow(0, 0, pi.numel).view(pi.shape));
+    int64_t pos = 0;
+    for (int i : pg.params) {
+      auto& pi = params_[i];
+      auto place = pg.buffer.narrow(0, pos, W * pi.chunk);
+      if (pi.bf16) widenBf16InPlace(place, pi.numel);
+      pi.tensor.set_data(place.narrow(0, 0, pi.numel).view(pi.shape));
+      pos += W * pi.chunk;
+    }
+    gatheredGroupBytes_[group] += pos * 4;
   }
   pendingGathers_[group].clear();
 }
@@ -235,14 +264,15 @@ void ShardedOptimizer::releaseAll() {
   }
 }
 
+// The group's buffers go when the last view of them does (the parameters' here).
 void ShardedOptimizer::release(int group) {
   if (o_.stage < 3) return;
   for (int i : groupParams_[group]) {
     auto& pi = params_[i];
-    if (pi.tensor.numel() != pi.numel) continue;
-    pi.tensor.set_data(at::empty({0}, pi.tensor.options()));
-    ledger_.gatheredBytes -= pi.numel * 4;
+    if (pi.tensor.numel() == pi.numel) pi.tensor.set_data(at::empty({0}, pi.tensor.options()));
   }
+  ledger_.gatheredBytes -= gatheredGroupBytes_[group];
+  gatheredGroupBytes_[group] = 0;
 }
 
 std::vector<at::Tensor> ShardedOptimizer::fullParameters() {

@@ -10,8 +10,9 @@
 // are grouped, in model order, into optimizer sub-groups of at most sub_group_size elements
 // (a parameter is never split between sub-groups); each sub-group's fp32 master, gradient
 // and Adam state partitions are flat buffers.
-// - gather(g) all-gathers block g's parameters into full tensors; release(g) frees them
-//   (stage 3; no-ops at stages 0-2, whose parameters stay whole).
+// - gather(g) all-gathers block g's parameters into full tensors, in one collective whose
+//   parameter-major buffer they become views of; release(g) frees them (stage 3; no-ops at
+//   stages 0-2, whose parameters stay whole).
 // - reduceGrads(g) hands block g's full gradients to the IPG buckets (one per sub-group,
 //   waiting gradients in an O(1) Fifo); a completed bucket is reduce-scattered (async, in
 //   pieces of at most reduce_bucket_size elements) into the sub-group's gradient partition,
@@ -99,7 +100,8 @@ struct Ledger {
   int64_t optimBytes = 0;      // Adam m and v partitions
   int64_t rollbackBytes = 0;   // shadow master, m, v for exact rollback (super_offload only)
   int64_t replicaBytes = 0;    // stages 1 and 2: the model's full parameters
-  int64_t gatheredBytes = 0;   // full parameters gathered or in flight right now (stage 3)
+  int64_t gatheredBytes = 0;   // full parameters gathered or in flight right now (stage 3: the
+                               // gathers' buffers, each parameter padded to world x its chunk)
   int64_t gatheredPeakBytes = 0;
   int64_t unpartitionedBytes = 0;  // params + grads + Adam states of the whole model, fp32
 };
@@ -196,9 +198,11 @@ class ShardedOptimizer {
   struct Task {
     int subGroup;
   };
+  // One group's gather: params' full tensors lie in `buffer` in this order, each at its
+  // [W * chunk] place (a bf16 one received into its place's first half).
   struct PendingGather {
-    int param;
-    at::Tensor out;
+    std::vector<int> params;
+    at::Tensor buffer;  // [sum of W * chunk] fp32
     comm::Work work;
   };
 
@@ -236,6 +240,7 @@ class ShardedOptimizer {
   std::vector<ParamInfo> params_;
   std::vector<std::vector<int>> groupParams_;  // model group -> param indices
   std::vector<std::vector<PendingGather>> pendingGathers_;  // per group, from prefetch()
+  std::vector<int64_t> gatheredGroupBytes_;  // per group: its completed gathers' buffers (until release)
   std::vector<SubGroup> subGroups_;
   std::unique_ptr<kernels::CpuAdam> adam_;
   std::unique_ptr<IpgBuckets> buckets_;
