@@ -173,7 +173,14 @@ ModelState modelState(const config::Config& c, int world) {
   const int stage = c.zero.stage;
   const double share = stage >= 1 ? 1.0 / d.W : 1.0;  // masters, Adam states, gradient partitions
   double optim = 2 * d.N * kF * share;
-  if (c.zero.offloadOptimizer.superOffload)  // shadow master, m, v of the offloaded share
+  // Shadow master, m, v of the offloaded share, allocated by the first speculative Adam step
+  // (ShardedOptimizer::stepSpeculative, CpuAdam::stepSpeculative) and kept. A sub-group is
+  // stepped speculatively only when its gradients are handed over to a reduce
+  // (ShardedOptimizer::handsOver): never at stage 0 on one rank (its world, SP included), whose
+  // step runs Adam in place after validation and allocates no shadow (row 30 of
+  // bench/plan_accuracy.sh: tcmalloc's allocated bytes are the same in both steps).
+  const bool speculates = stage >= 1 || d.W > 1;
+  if (c.zero.offloadOptimizer.superOffload && speculates)
     optim += c.zero.offloadOptimizer.ratio * 3 * d.N * kF * share;
   ModelState m;
   // Stages 1 and 2 keep the full parameters beside the masters; stage 3 keeps only its masters.
