@@ -250,12 +250,14 @@ Footprint mlpFootprint(const ModelConfig& m, const StepShape& s) {
     f.work.add(7, s.batch * std::min(s.tokens, s.hidden) * s.intermediate * 4);
   } else {
     // d(product), d(silu), d(up) coexist at the mul's backward (fused: d(product) and d(gate,
-    // up); bf16: the gate/up GEMM's backward rounds d(gate, up), one more), but down_proj's
-    // backward has already freed the product it saved (1 uF): 2 uF over the saved bytes (bf16
-    // 3). dm comes after SwiGLU's saved inputs are freed (smaller). Measured on row 6: Backward
-    // peaks 15.9 MiB over its start, 2 uF = 16.
+    // up), one [B, S/P, 2F] tensor; bf16: the gate/up GEMM's backward rounds d(gate, up), one
+    // uF more), but down_proj's backward has already freed the product it saved (1 uF), which
+    // d(product) replaces: 2 uF over the saved bytes (bf16 3). dm comes after SwiGLU's saved
+    // inputs are freed (smaller). Measured on row 6: Backward peaks 15.9 MiB over its start, 2 uF = 16.
     f.saved.add(fused ? (bf16 ? 1.5 : 3) : 4, uF);
-    f.work.add(bf16 ? 3 : 2, uF);
+    if (fused) f.work.add(1, 2 * uF);
+    else f.work.add(2, uF);
+    if (bf16) f.work.add(1, uF);
   }
   return f;
 }

@@ -451,6 +451,17 @@ Footprint headLossFootprint(const ModelConfig& m, const StepShape& s) {
   else f.work.add(3, logits);
   f.work.add(3, s.batch * s.lossTile * s.hidden * 4);
   f.work.add(1, s.vocab * s.hidden * 4);
+  if (gemmRoute(m) == GemmRoute::Bf16) {
+    // The three GEMMs run one at a time, each on bf16 copies of x and w (dL/dlogits is rounded
+    // in place) and with its own scratch: without oneDNN's bf16 kernel (AVX2) the widened
+    // operands, [T, V] fp32 for both backward products (row 22 at 4096 tokens: the loss peaks
+    // 265 MiB over its start, measured).
+    const double T = s.batch * s.lossTile, V = s.vocab, D = s.hidden;
+    f.work.add(1, 2 * (T * D + V * D));
+    f.scratch.add(1, std::max({kernels::bf16GemmWorkBytes(false, true, T, V, D),
+                            kernels::bf16GemmWorkBytes(true, false, V, D, T),
+                            kernels::bf16GemmWorkBytes(false, false, T, D, V)}));
+  }
   return f;
 }
 

@@ -46,7 +46,13 @@ std::atomic<int64_t> gResident{0}, gStartupPeak{0};
 // holes). That share was fitted on bench/plan_accuracy.sh's configs (docs/performance.md). tcmalloc
 // (what longtrain links) keeps freed spans in its page heap and serves later requests from them,
 // returning little to the OS within a step: RSS at the peak is the measured resident baseline
-// plus the largest live set of any phase (ProcessBaseline says which free memory is reused).
+// plus the largest live set of any phase (ProcessBaseline says which free memory is reused),
+// plus one more of the peak phase's largest tensor. That last term is tcmalloc's fragmentation,
+// measured (bench/heap_sampler.c's exact bytes in use against RSS, bench/plan_accuracy.sh's rows,
+// docs/performance.md): at the peak the page heap holds free spans carved by smaller tensors
+// out of the blocks the previous phases freed, none large enough for the phase's largest
+// tensor, which is mapped anew: RSS exceeded baseline + bytes in use by 0.4 to 1.9 naive score
+// blocks (rows 1-4, 8, 9, 18) and by one d(gate, up) at chunked attention's MLP (row 6).
 constexpr double kMmapCeiling = 32 * kMiB;
 constexpr double kHeapFragmentation = 0.8;
 
@@ -54,7 +60,9 @@ constexpr double kHeapFragmentation = 0.8;
 struct Bytes {
   double small = 0, large = 0;  // tensors below / at or above kMmapCeiling
   double largeCount = 0;        // how many are large (nondecreasing in seq_len)
+  double largest = 0;           // the largest single tensor (not scratch)
   void add(double count, double each) {
+    if (count > 0) largest = std::max(largest, each);
     if (each >= kMmapCeiling) {
       large += count * each;
       largeCount += count;
@@ -64,6 +72,12 @@ struct Bytes {
   }
   void add(const TensorBytes& t) {
     for (const auto& term : t.terms) add(term.count, term.each);
+  }
+  // Scratch (core/footprint.h): counted, but not a candidate for `largest`'s fragment.
+  void addScratch(const TensorBytes& t) {
+    const double keep = largest;
+    add(t);
+    largest = keep;
   }
   double live() const { return small + large; }
 };
@@ -152,8 +166,10 @@ void addBlockTerms(const config::Config& c, StepTerms& t) {
     p->add(exec);
   }
   attn.add(b.attention.work);
+  attn.addScratch(b.attention.scratch);
   mlp.add(b.mlp.saved);
   mlp.add(b.mlp.work);
+  mlp.addScratch(b.mlp.scratch);
   t.attnPeak = attn.live() >= mlp.live();
   t.block = t.attnPeak ? attn : mlp;
   t.saved = b.saved();
@@ -162,6 +178,7 @@ void addBlockTerms(const config::Config& c, StepTerms& t) {
 void addLossTerms(const config::Config& c, StepTerms& t) {
   const Footprint f = model::headLossFootprint(c.model, t.s);
   t.loss.add(f.work);
+  t.loss.addScratch(f.scratch);
   t.loss.add(compile::executorWork(compile::OpCode::LossAndGrad, t.s));
   t.kept.add(f.saved);
 }
@@ -390,7 +407,7 @@ Prediction peakOf(const std::vector<Phase>& phases) {
   const double resident = static_cast<double>(pb.resident), startup = static_cast<double>(pb.startupPeak);
   // glibc: its heap is not measured free, so the start-up peak is the baseline.
   const double baseline = tcmalloc ? resident : startup;
-  const double total = tcmalloc ? std::max(startup, resident + top->live())
+  const double total = tcmalloc ? std::max(startup, resident + top->live() + top->transient.largest)
                                 : baseline + held + (1 + kHeapFragmentation) * small;
   Prediction out;
   auto& m = out.breakdown;
@@ -400,8 +417,8 @@ Prediction peakOf(const std::vector<Phase>& phases) {
   m.optimizer = static_cast<int64_t>(top->optim);
   m.activations = static_cast<int64_t>(top->acts.live());
   m.transient = static_cast<int64_t>(top->transient.live());
-  // tcmalloc: start-up's free memory beyond the live bytes; glibc: held + small >= every phase's
-  // live bytes. Either way >= 0.
+  // tcmalloc: the fragment of the peak phase's largest tensor, or start-up's free memory beyond
+  // the live bytes; glibc: held + small >= every phase's live bytes. Either way >= 0.
   m.retained = std::max<int64_t>(0, static_cast<int64_t>(total) - m.baseline - static_cast<int64_t>(top->live()));
   m.phase = top->name;
   out.largeCount = largeCount;
