@@ -424,6 +424,12 @@ BlockFootprint blockFootprint(const ModelConfig& m, const StepShape& s, const Fo
     // 16.2 MiB a block at 8192 tokens with its output, 7 [B, S, D] + the output counted).
     a.saved.add(fused ? 1 : 2, uD);
     a.saved.add(4, uKV);
+  } else if (s.ring == 1) {
+    // Ulysses: the core saves the all-to-alls' outputs (its own footprint); the rotations and
+    // the GEMM's output are freed with the forward, and o_proj saves headsToSeq's output. Measured
+    // at P = 2 with 4 layers at 8192 tokens: each Backward frees 9.1 MiB = its graph + one
+    // input, 8 [B, S/P, D] + 1 counted.
+    a.saved.add(fused ? 2 : 3, uD);
   } else {
     a.saved.add(fused ? 4 : 5, uD);
     a.saved.add(fused ? 4 : 3, uKV);
