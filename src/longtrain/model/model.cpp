@@ -403,7 +403,7 @@ TensorBytes BlockFootprint::saved() const {
 
 // The attention half: the norm, the q/k/v projections, the rotations and o_proj save (fused
 // ops: one GEMM against [wq; wk; wv], which also saves that weight; the fused attention keeps a
-// contiguous k), Qwen3's q/k norms their inputs (the ATen composition about twice that; biases
+// contiguous v), Qwen3's q/k norms their inputs (the ATen composition about twice that; biases
 // are added in place of the GEMM's output: nothing), then the core; backward adds d(x1).
 // Naive and chunked attention copy q, k and v into contiguous [B, H, S, Dh] operands (their own
 // footprints count the copies), so the rotations and the projections' outputs are freed after
@@ -430,7 +430,7 @@ BlockFootprint blockFootprint(const ModelConfig& m, const StepShape& s, const Fo
     // at P = 2 with 4 layers at 8192 tokens: each Backward frees 9.1 MiB = its graph + one
     // input, 8 [B, S/P, D] + 1 counted.
     a.saved.add(fused ? 2 : 3, uD);
-  } else {
+  } else {  // the ring kernel (R > 1): the earlier count, not measured again
     a.saved.add(fused ? 4 : 5, uD);
     a.saved.add(fused ? 4 : 3, uKV);
   }
