@@ -2,7 +2,9 @@
 # bench/plan_accuracy.sh: the memory model against measured peak RSS. For each config (naive,
 # chunked or fused attention, fused kernels on/off, tiling on/off, 1k-16k tokens, SP = 1/2/4 process ranks,
 # ring and Ulysses x ring SP, ZeRO 0-3 with and without SuperOffload, deep models, disk offload,
-# packed documents, bf16 GEMMs: plan assumes bf16 is chosen, so on a CPU whose bf16 GEMM is slower those rows run fp32)
+# packed documents, bf16 GEMMs: plan assumes bf16 is chosen, so those rows force it with
+# bf16.only_if_faster=false; otherwise a start-up measurement decides, and a row ran fp32 one day
+# and bf16 the next)
 # it prints `longtrain plan`'s per-rank prediction, the peak RSS of 2 training steps (max over
 # ranks and steps, from --metrics) and the relative error. Model: bench/plan_base.json.
 # Each rank runs 1 intra-op thread (THREADS; memory does not depend on it, and on a shared
@@ -29,7 +31,7 @@ open(sys.argv[1], 'wb').write(struct.pack('<%dH' % n, *t))" "$out/docs.bin"
 N="--set model.attention=naive"; C="--set model.attention=chunked --set model.attention_chunk=256"
 F="--set model.attention=fused"; U="--set model.fused_kernels=false"
 L="--set model.loss_chunk=256"; T="--set model.tiled_mlp=true"
-Z="--set zero_optimization.stage=3"; B="--set bf16.enabled=true"
+Z="--set zero_optimization.stage=3"; B="--set bf16.enabled=true --set bf16.only_if_faster=false"
 SO="--set zero_optimization.offload_optimizer.device=cpu --set zero_optimization.offload_optimizer.super_offload=true"
 Z1="--set zero_optimization.stage=1"; Z2="--set zero_optimization.stage=2"
 D16="--set model.num_layers=16 --set activation_checkpointing=\"all\""

@@ -71,7 +71,7 @@ samples = []
 # Up to the last poll that saw a step before the last (not the last step's eval and exit).
 end = max((ts for ts, s in steps if s < rows[-1]["step"]), default=0)
 for l in open(path):
-    t, used, free, unmapped, heap, anon, file = l.split()
+    t, used, free, unmapped, heap, anon, file = l.split()[:7]
     at = [s for ts, s in steps if ts <= float(t)]
     if at and float(t) <= end: samples.append((at[-1], int(used), int(free), int(unmapped), int(heap), int(anon), int(file)))
 MiB = 2**20

@@ -27,12 +27,15 @@ struct TensorBytes {
 };
 
 // What an op holds per rank: `saved` from its forward to its backward (what autograd or the
-// op keeps), `work` only while its backward runs (gradients, tiles, receive buffers).
+// op keeps), `work` only while its backward runs (gradients, tiles, receive buffers), `scratch`
+// within one call that frees it before anything else is allocated (a GEMM's widened operands):
+// the allocator hands the same span back to the next call, so it leaves no fragment behind.
 struct Footprint {
-  TensorBytes saved, work;
+  TensorBytes saved, work, scratch;
   void add(const Footprint& o) {
     saved.add(o.saved);
     work.add(o.work);
+    scratch.add(o.scratch);
   }
 };
 

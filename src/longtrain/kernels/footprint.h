@@ -11,4 +11,9 @@ namespace lt::kernels {
 // caller already saves them (one rank: they are the rotations and o_proj's input).
 Footprint fusedAttentionFootprint(const StepShape& s, bool ownsInputs);
 
+// Bytes one bf16 GEMM (gemm.cpp's bf16gemm) allocates while it runs, c [M, N] = op(a) op(b) with
+// op(a) [M, K]: oneDNN's scratchpad for the shape, or where this CPU has no oneDNN bf16 kernel
+// (AVX2) both operands widened to fp32 for the BLAS. Asks oneDNN, as the GEMM does.
+double bf16GemmWorkBytes(bool transA, bool transB, double M, double N, double K);
+
 }  // namespace lt::kernels

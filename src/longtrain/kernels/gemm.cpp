@@ -17,6 +17,7 @@
 
 #include "longtrain/core/check.h"
 #include "longtrain/core/torch_compat.h"
+#include "longtrain/kernels/footprint.h"
 #include "longtrain/kernels/fused_ops.h"
 
 namespace lt::kernels {
@@ -150,6 +151,13 @@ struct OneDnnLinearFn : torch::autograd::Function<OneDnnLinearFn> {
 };
 
 }  // namespace
+
+double bf16GemmWorkBytes(bool transA, bool transB, double M, double N, double K) {
+  const auto m = static_cast<int64_t>(M), n = static_cast<int64_t>(N), k = static_cast<int64_t>(K);
+  const Bf16Matmul* mm = widenedBf16ForTesting ? nullptr : bf16Matmul(transA, transB, m, n, k);
+  if (!mm) return 4 * (M * K + K * N);
+  return static_cast<double>(mm->pd.scratchpad_desc().get_size());
+}
 
 void forceWidenedBf16ForTesting(bool on) { widenedBf16ForTesting = on; }
 

@@ -227,7 +227,8 @@ Footprint chunkedAttentionFootprint(const StepShape& s) {
   return f;
 }
 
-// The MLP half. The norm saves its input and output (fused: 1 uD). Untiled SwiGLU saves
+// The MLP half. The norm saves its input x1 and (the GEMM) its output, the unfused norm also
+// x1 * rsqrt (2 uD, unfused 3; measured on row 6, see blockFootprint). Untiled SwiGLU saves
 // gate(x), silu(gate), up(x) and their product (4 uF); fused, the gate/up GEMM's output
 // [B, S/P, 2F] is what the fused SwiGLU saves, down_proj saves the product (uF) and the GEMM
 // [wGate; wUp]. The bf16 GEMM route with fused ops: the GEMMs save bf16 copies of their
@@ -238,7 +239,7 @@ Footprint mlpFootprint(const ModelConfig& m, const StepShape& s) {
   const double uD = s.rows(s.hidden), uF = s.rows(s.intermediate), DF = s.hidden * s.intermediate * 4;
   const bool fused = m.fusedKernels, bf16 = m.resolved.bf16Gemms && fused;
   Footprint f;
-  f.saved.add(fused ? (bf16 && !m.tiledMlp ? 0.5 : 1) : 2, uD);
+  f.saved.add(fused ? (bf16 && !m.tiledMlp ? 1.5 : 2) : 3, uD);
   if (fused) f.saved.add(2, DF);
   if (m.tiledMlp) {
     // TiledMlpFn::backward: dx, zeroed weight-gradient accumulators and one shard's weight
@@ -249,10 +250,14 @@ Footprint mlpFootprint(const ModelConfig& m, const StepShape& s) {
     f.work.add(7, s.batch * std::min(s.tokens, s.hidden) * s.intermediate * 4);
   } else {
     // d(product), d(silu), d(up) coexist at the mul's backward (fused: d(product) and d(gate,
-    // up); bf16: the gate/up GEMM's backward rounds d(gate, up), one more), then dm.
+    // up), one [B, S/P, 2F] tensor; bf16: the gate/up GEMM's backward rounds d(gate, up), one
+    // uF more), but down_proj's backward has already freed the product it saved (1 uF), which
+    // d(product) replaces: 2 uF over the saved bytes (bf16 3). dm comes after SwiGLU's saved
+    // inputs are freed (smaller). Measured on row 6: Backward peaks 15.9 MiB over its start, 2 uF = 16.
     f.saved.add(fused ? (bf16 ? 1.5 : 3) : 4, uF);
-    f.work.add(bf16 ? 4 : 3, uF);
-    f.work.add(1, uD);
+    if (fused) f.work.add(1, 2 * uF);
+    else f.work.add(2, uF);
+    if (bf16) f.work.add(1, uF);
   }
   return f;
 }

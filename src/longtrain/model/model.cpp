@@ -403,15 +403,37 @@ TensorBytes BlockFootprint::saved() const {
 
 // The attention half: the norm, the q/k/v projections, the rotations and o_proj save (fused
 // ops: one GEMM against [wq; wk; wv], which also saves that weight; the fused attention keeps a
-// contiguous k), Qwen3's q/k norms their inputs (the ATen composition about twice that; biases
+// contiguous v), Qwen3's q/k norms their inputs (the ATen composition about twice that; biases
 // are added in place of the GEMM's output: nothing), then the core; backward adds d(x1).
+// Naive and chunked attention copy q, k and v into contiguous [B, H, S, Dh] operands (their own
+// footprints count the copies), so the rotations and the projections' outputs are freed after
+// the forward (RoPE saves only its table, unfused too); the half keeps the norm's output (the
+// unfused norm also x * rsqrt) and o_proj's input, a contiguous copy of the core's output.
+// Measured with tcmalloc's allocated bytes on bench/plan_accuracy.sh's row 6 (chunked, 8192
+// tokens): a kept graph holds 40.5 MiB = 20.25 [B, S, D], against 20 counted here.
 BlockFootprint blockFootprint(const ModelConfig& m, const StepShape& s, const Footprint& core) {
   const double uD = s.rows(s.hidden), uKV = s.rows(s.kvHeads * s.headDim), uQ = s.rows(s.heads * s.headDim);
-  const bool fused = m.fusedKernels;
+  const bool fused = m.fusedKernels, copies = m.attention != config::AttentionKernel::Fused;
   BlockFootprint b;
   Footprint& a = b.attention;
-  a.saved.add(fused ? 5 : 6, uD);
-  a.saved.add(fused && m.attention == config::AttentionKernel::Fused ? 4 : 3, uKV);
+  if (copies) {
+    a.saved.add(fused ? 2 : 3, uD);
+  } else if (s.sp == 1) {
+    // The fused core saves the rotations q and k, v made contiguous and its output, which
+    // o_proj reads in place: 4 uKV, and the norm's output (measured on row 30 with 4 layers:
+    // 16.2 MiB a block at 8192 tokens with its output, 7 [B, S, D] + the output counted).
+    a.saved.add(fused ? 1 : 2, uD);
+    a.saved.add(4, uKV);
+  } else if (s.ring == 1) {
+    // Ulysses: the core saves the all-to-alls' outputs (its own footprint); the rotations and
+    // the GEMM's output are freed with the forward, and o_proj saves headsToSeq's output. Measured
+    // at P = 2 with 4 layers at 8192 tokens: each Backward frees 9.1 MiB = its graph + one
+    // input, 8 [B, S/P, D] + 1 counted.
+    a.saved.add(fused ? 2 : 3, uD);
+  } else {  // the ring kernel (R > 1): the earlier count, not measured again
+    a.saved.add(fused ? 4 : 5, uD);
+    a.saved.add(fused ? 4 : 3, uKV);
+  }
   if (fused) a.saved.add(1, s.hidden * (s.heads * s.headDim + 2 * s.kvHeads * s.headDim) * 4);
   if (m.qkNorm) {
     a.saved.add(fused ? 1 : 2, uQ);
@@ -435,6 +457,17 @@ Footprint headLossFootprint(const ModelConfig& m, const StepShape& s) {
   else f.work.add(3, logits);
   f.work.add(3, s.batch * s.lossTile * s.hidden * 4);
   f.work.add(1, s.vocab * s.hidden * 4);
+  if (gemmRoute(m) == GemmRoute::Bf16) {
+    // The three GEMMs run one at a time, each on bf16 copies of x and w (dL/dlogits is rounded
+    // in place) and with its own scratch: without oneDNN's bf16 kernel (AVX2) the widened
+    // operands, [T, V] fp32 for both backward products (row 22 at 4096 tokens: the loss peaks
+    // 265 MiB over its start, measured).
+    const double T = s.batch * s.lossTile, V = s.vocab, D = s.hidden;
+    f.work.add(1, 2 * (T * D + V * D));
+    f.scratch.add(1, std::max({kernels::bf16GemmWorkBytes(false, true, T, V, D),
+                            kernels::bf16GemmWorkBytes(true, false, V, D, T),
+                            kernels::bf16GemmWorkBytes(false, false, T, D, V)}));
+  }
   return f;
 }
 

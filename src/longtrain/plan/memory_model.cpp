@@ -47,7 +47,13 @@ std::atomic<int64_t> gResident{0}, gStartupPeak{0};
 // holes). That share was fitted on bench/plan_accuracy.sh's configs (docs/performance.md). tcmalloc
 // (what longtrain links) keeps freed spans in its page heap and serves later requests from them,
 // returning little to the OS within a step: RSS at the peak is the measured resident baseline
-// plus the largest live set of any phase (ProcessBaseline says which free memory is reused).
+// plus the largest live set of any phase (ProcessBaseline says which free memory is reused),
+// plus one more of the peak phase's largest tensor. That last term is tcmalloc's fragmentation,
+// measured (bench/heap_sampler.c's exact bytes in use against RSS, bench/plan_accuracy.sh's rows,
+// docs/performance.md): at the peak the page heap holds free spans carved by smaller tensors
+// out of the blocks the previous phases freed, none large enough for the phase's largest
+// tensor, which is mapped anew: RSS exceeded baseline + bytes in use by 0.4 to 1.9 naive score
+// blocks (rows 1-4, 8, 9, 18) and by one d(gate, up) at chunked attention's MLP (row 6).
 constexpr double kMmapCeiling = 32 * kMiB;
 constexpr double kHeapFragmentation = 0.8;
 
@@ -55,7 +61,9 @@ constexpr double kHeapFragmentation = 0.8;
 struct Bytes {
   double small = 0, large = 0;  // tensors below / at or above kMmapCeiling
   double largeCount = 0;        // how many are large (nondecreasing in seq_len)
+  double largest = 0;           // the largest single tensor (not scratch)
   void add(double count, double each) {
+    if (count > 0) largest = std::max(largest, each);
     if (each >= kMmapCeiling) {
       large += count * each;
       largeCount += count;
@@ -65,6 +73,12 @@ struct Bytes {
   }
   void add(const TensorBytes& t) {
     for (const auto& term : t.terms) add(term.count, term.each);
+  }
+  // Scratch (core/footprint.h): counted, but not a candidate for `largest`'s fragment.
+  void addScratch(const TensorBytes& t) {
+    const double keep = largest;
+    add(t);
+    largest = keep;
   }
   double live() const { return small + large; }
 };
@@ -97,6 +111,7 @@ Counts countsOf(const config::Config& c, int world) {
 struct Phase {
   double params = 0, grads = 0, optim = 0;  // held across steps
   Bytes acts, transient;                    // freed within the step
+  double abovePeak = 0;  // tcmalloc: bytes mapped on top of the earlier phases' resident peak
   std::string name;
   double held() const { return params + grads + optim; }
   double live() const { return held() + acts.live() + transient.live(); }
@@ -134,8 +149,10 @@ void addBlockTerms(const config::Config& c, StepTerms& t) {
     p->add(exec);
   }
   attn.add(b.attention.work);
+  attn.addScratch(b.attention.scratch);
   mlp.add(b.mlp.saved);
   mlp.add(b.mlp.work);
+  mlp.addScratch(b.mlp.scratch);
   t.attnPeak = attn.live() >= mlp.live();
   t.block = t.attnPeak ? attn : mlp;
   t.saved = b.saved();
@@ -144,6 +161,7 @@ void addBlockTerms(const config::Config& c, StepTerms& t) {
 void addLossTerms(const config::Config& c, StepTerms& t) {
   const Footprint f = model::headLossFootprint(c.model, t.s);
   t.loss.add(f.work);
+  t.loss.addScratch(f.scratch);
   t.loss.add(compile::executorWork(compile::OpCode::LossAndGrad, t.s));
   t.kept.add(f.saved);
 }
@@ -176,7 +194,14 @@ ModelState modelState(const config::Config& c, int world) {
   const int stage = c.zero.stage;
   const double share = stage >= 1 ? 1.0 / d.W : 1.0;  // masters, Adam states, gradient partitions
   double optim = 2 * d.N * kF * share;
-  if (c.zero.offloadOptimizer.superOffload)  // shadow master, m, v of the offloaded share
+  // Shadow master, m, v of the offloaded share, allocated by the first speculative Adam step
+  // (ShardedOptimizer::stepSpeculative, CpuAdam::stepSpeculative) and kept. A sub-group is
+  // stepped speculatively only when its gradients are handed over to a reduce
+  // (ShardedOptimizer::handsOver): never at stage 0 on one rank (its world, SP included), whose
+  // step runs Adam in place after validation and allocates no shadow (row 30 of
+  // bench/plan_accuracy.sh: tcmalloc's allocated bytes are the same in both steps).
+  const bool speculates = stage >= 1 || d.W > 1;
+  if (c.zero.offloadOptimizer.superOffload && speculates)
     optim += c.zero.offloadOptimizer.ratio * 3 * d.N * kF * share;
   ModelState m;
   // Stages 1 and 2 keep the full parameters beside the masters; stage 3 keeps only its masters.
@@ -347,7 +372,8 @@ int walkProgram(const compile::Program& prog, const StepTerms& t, std::vector<Ph
 }
 
 // ZeRO stages 1-3: a bucket's reduce-scatter, the optimizer step and construction.
-void addZeroPhases(const config::Config& c, const StepTerms& t, std::vector<Phase>& phases) {
+// `walkLargest`: the largest tensor the program's phases free (a span that size is free after them).
+void addZeroPhases(const config::Config& c, const StepTerms& t, std::vector<Phase>& phases, double walkLargest) {
   const Counts& d = t.n;
   // A bucket completes (ShardedOptimizer::onBucket): its full gradients, a piece's [W, run] send
   // buffer (at most reduce_bucket_size elements), one padded gradient, and (W > 1) the
@@ -360,6 +386,11 @@ void addZeroPhases(const config::Config& c, const StepTerms& t, std::vector<Phas
   p.transient.add(1, t.sgFull * kF);
   p.transient.add(d.W > 1 ? 2 : 1, piece * kF);
   p.transient.add(1, d.maxParam * kF);
+  // It runs after the backward, on the pages the step's peak left, fragmented: a buffer larger
+  // than any tensor the program freed finds no free span and is mapped on top (row 29: RSS grew
+  // 4.5 MiB past the loss's peak there with 12 MiB fewer bytes in use, VmHWM 9.8).
+  for (const double each : {piece * kF, d.maxParam * kF})
+    if (each > walkLargest) p.abovePeak += (each == piece * kF && d.W > 1 ? 2 : 1) * each;
   p.optim = t.optim;
   p.acts.add(1, t.batch);
   p.name = "ZeRO gradient reduce-scatter";
@@ -409,8 +440,17 @@ Prediction peakOf(const std::vector<Phase>& phases) {
   const double resident = static_cast<double>(pb.resident), startup = static_cast<double>(pb.startupPeak);
   // glibc: its heap is not measured free, so the start-up peak is the baseline.
   const double baseline = tcmalloc ? resident : startup;
-  const double total = tcmalloc ? std::max(startup, resident + top->live())
-                                : baseline + held + (1 + kHeapFragmentation) * small;
+  // tcmalloc: each phase needs its live bytes and its largest tensor's fragment, or the resident
+  // peak of the phases before it plus what it maps on top (abovePeak).
+  double need = 0, before = 0;
+  if (tcmalloc) {
+    for (const auto& p : phases) {
+      const double n = std::max(p.live() + p.transient.largest, p.abovePeak > 0 ? before + p.abovePeak : 0.0);
+      if (n > need) need = n, top = &p;
+      before = std::max(before, n);
+    }
+  }
+  const double total = tcmalloc ? std::max(startup, resident + need) : baseline + held + (1 + kHeapFragmentation) * small;
   Prediction out;
   auto& m = out.breakdown;
   m.baseline = static_cast<int64_t>(baseline);
@@ -419,8 +459,8 @@ Prediction peakOf(const std::vector<Phase>& phases) {
   m.optimizer = static_cast<int64_t>(top->optim);
   m.activations = static_cast<int64_t>(top->acts.live());
   m.transient = static_cast<int64_t>(top->transient.live());
-  // tcmalloc: start-up's free memory beyond the live bytes; glibc: held + small >= every phase's
-  // live bytes. Either way >= 0.
+  // tcmalloc: the fragment of the peak phase's largest tensor, or start-up's free memory beyond
+  // the live bytes; glibc: held + small >= every phase's live bytes. Either way >= 0.
   m.retained = std::max<int64_t>(0, static_cast<int64_t>(total) - m.baseline - static_cast<int64_t>(top->live()));
   m.phase = top->name;
   out.largeCount = largeCount;
@@ -434,7 +474,9 @@ Prediction predict(const config::Config& c, int world, int graphBlocks) {
   const StepTerms t = stepTerms(c, world);
   std::vector<Phase> phases;
   const int offloaded = walkProgram(programOf(c, t.n, graphBlocks), t, phases);
-  if (t.zero) addZeroPhases(c, t, phases);
+  double walkLargest = 0;
+  for (const auto& p : phases) walkLargest = std::max(walkLargest, p.transient.largest);
+  if (t.zero) addZeroPhases(c, t, phases, walkLargest);
   else phases.push_back(dataParallelStepPhase(t));
   for (auto& p : phases)  // kept from the first loss on: not yet at construction
     if (p.name != "ZeRO construction") p.acts.add(t.kept);

@@ -2,9 +2,9 @@
 // the longest seq_len that fits a per-rank budget. The plan walks the step program the executor
 // runs and sums the footprints the allocating code declares (core/footprint.h); the process
 // baseline is measured by the process that plans (setProcessBaseline). The peak is the largest
-// of the step's phases (its breakdown is that phase's) plus, under glibc malloc, what the
-// allocator keeps of freed blocks (a calibrated share); under tcmalloc, which longtrain links,
-// nothing more (it reuses freed spans).
+// of the step's phases (its breakdown is that phase's) plus what the allocator keeps of freed
+// blocks: under glibc malloc a calibrated share; under tcmalloc, which longtrain links, one of
+// the peak phase's largest tensor (its free spans are fragments too small for it, measured).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,8 +23,9 @@ struct MemoryBreakdown {
   int64_t optimizer = 0;    // Adam m and v (ZeRO-3: partitions, + SuperOffload rollback shadows)
   int64_t activations = 0;  // kept block inputs [B, S/P, D] (+ the batch)
   int64_t transient = 0;    // the phase's working set: one block's recompute + backward, or the loss
-  int64_t retained = 0;     // free memory the allocator keeps: start-up's beyond this step's live
-                            // bytes (tcmalloc), or a share of the largest heap working set (glibc)
+  int64_t retained = 0;     // free memory the allocator keeps: the fragment of the peak phase's
+                            // largest tensor or start-up's beyond this step's live bytes
+                            // (tcmalloc), or a share of the largest heap working set (glibc)
   std::string phase;        // which phase is the peak, e.g. "backward of block 1 (attention)"
   int64_t offloaded = 0;    // kept block inputs in train.offload_dir's file: on disk, not in total()
   int64_t total() const { return baseline + parameters + gradients + optimizer + activations + transient + retained; }
