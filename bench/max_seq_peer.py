@@ -109,7 +109,12 @@ class Peer:
         if self.variant == "chunked":
             cmd += ["--loss-chunk", str(a.loss_chunk)]
         tag = f"peer_{self.variant}_{seq}"
-        rc, out, secs = run(cmd, f"{a.out}/{tag}.log", a.timeout_s)
+        log = f"{a.out}/{tag}.log"
+        done = a.reuse and os.path.exists(log) and [l for l in open(log) if l.startswith('{"')]
+        if done and (json.loads(done[-1]).get("over_cap") is None or json.loads(done[-1])["peak_rss_bytes"] > cap_mib * 2**20):
+            rc, out, secs = (3 if json.loads(done[-1]).get("over_cap") else 0), done[-1], 0.0  # REUSE=1
+        else:
+            rc, out, secs = run(cmd, log, a.timeout_s)
         if rc is None:
             r = {"timeout": True, "secs": secs, "complete": False, "peak": 0}
         else:
@@ -179,17 +184,17 @@ def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--bin", default="./build/longtrain")
     p.add_argument("--config", default="bench/max_seq_peer.json")
-    p.add_argument("--budgets", default="1GiB 2GiB 4GiB 8GiB")
+    p.add_argument("--budgets", default="768MiB 1GiB 2GiB 4GiB 8GiB")
     p.add_argument("--variants", default="plain chunked", help="peer variants: plain (whole logits), chunked")
     p.add_argument("--step", type=int, default=256, help="the peer's lengths are multiples of this")
     p.add_argument("--probe", default="1024 2048", help="the peer's first two lengths (the first line)")
     p.add_argument("--lt-max-seq", type=int, default=30000, help="longtrain trains only plan lengths up to this")
     p.add_argument("--peer-max-seq", type=int, default=16384, help="the peer runs only lengths up to this")
-    p.add_argument("--loss-chunk", type=int, default=1024, help="the chunked peer's tile (longtrain's loss_chunk)")
+    p.add_argument("--loss-chunk", type=int, default=256, help="the chunked peer's tile (longtrain's loss_chunk)")
     p.add_argument("--alloc", choices=["tcmalloc", "glibc"], default="tcmalloc", help="the peer's allocator")
     p.add_argument("--max-runs", type=int, default=8, help="the peer's runs per budget after the probes")
     p.add_argument("--timeout-s", type=float, default=1800, help="per run")
-    p.add_argument("--reuse", action="store_true", help="take longtrain's runs already in --out")
+    p.add_argument("--reuse", action="store_true", help="take the runs already in --out (a search cut short)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     cfg = read_config(a.config)
