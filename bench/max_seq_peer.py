@@ -6,6 +6,7 @@
 # STEP; a watchdog in the peer stops a candidate the moment VmHWM passes the budget, so one that does not fit costs
 # seconds and never takes more than the budget of the shared machine's memory.
 import argparse
+import glob
 import json
 import math
 import os
@@ -93,7 +94,13 @@ class Peer:
 
     def __init__(self, a, variant):
         self.a, self.variant = a, variant
-        self.seen = {}  # seq -> {"peak": MiB, "fits_cap": bool} (a stopped run's peak is a lower bound)
+        self.seen = {}  # seq -> {"peak": MiB, "complete": bool} (a stopped run's peak is a lower bound)
+        for log in glob.glob(f"{a.out}/peer_{variant}_*.log") if a.reuse else []:
+            done = [l for l in open(log) if l.startswith('{"')]
+            if done:
+                j, seq = json.loads(done[-1]), int(re.search(r"_(\d+)\.log$", log).group(1))
+                self.seen[seq] = {"peak": j["peak_rss_bytes"] / 2**20, "complete": not j.get("over_cap"), "secs": 0,
+                                  "params": j.get("params"), "step_s": j.get("median_step_s")}
 
     def measure(self, seq, cap_mib):
         if seq in self.seen and (self.seen[seq]["complete"] or self.seen[seq]["peak"] > cap_mib):
@@ -212,6 +219,15 @@ def main():
         if ltr and "peak" in ltr:
             print(f"  longtrain {seq}: peak {ltr['peak']:.1f} MiB ({ltr['recompute']}), {ltr['secs']:.0f} s",
                   file=sys.stderr, flush=True)
+        if ltr and "peak" in ltr and ltr["peak"] > b:
+            # Over: plan again for the budget less the measured excess, and measure that length (what a user
+            # would do next); the ratio then uses a length that was seen to fit.
+            less = f"{b - (ltr['peak'] - pred):.0f}MiB"
+            fseq, fpred, _ = lt.plan(less)
+            fit = lt.train(fseq, less, f"lt_{budget}_fit") if 0 < fseq <= a.lt_max_seq else None
+            row["lt_fit"] = {"budget": less, "seq": fseq, "pred": fpred, **(fit or {})}
+            if fit and "peak" in fit:
+                print(f"  longtrain {fseq} (plan for {less}): peak {fit['peak']:.1f} MiB", file=sys.stderr, flush=True)
         for v, peer in peers.items():
             r = peer.search(b)
             if r.get("params") and abs(r["params"] - params_m * 1e6) > 0.005e6 + 1:
@@ -224,31 +240,42 @@ def main():
 
 def table(rows, a):
     variants = a.variants.split()
-    head = "| budget | longtrain seq_len | predicted MiB | measured MiB |"
+    head = "| budget | longtrain seq_len (plan) | predicted MiB | measured MiB | longtrain seq_len seen to fit |"
     for v in variants:
         head += f" PyTorch 2.6 {v} seq_len | measured MiB | longtrain x {v} |"
     print(head)
-    print("|" + "---|" * (4 + 3 * len(variants)))
+    print("|" + "---|" * (5 + 3 * len(variants)))
     for r in rows:
-        lt = r["lt"]
+        lt, fit, b = r["lt"], r.get("lt_fit"), r["budget_mib"]
+        fits = None  # the longest longtrain length measured within the budget
         if lt is None:
             meas = f"not run (> {a.lt_max_seq} tokens)"
         elif "timeout" in lt:
             meas = f"timeout ({lt['timeout']:.0f} s)"
         else:
-            meas = f"{lt['peak']:.0f} ({'within' if lt['peak'] <= r['budget_mib'] else 'OVER'})"
-        line = f"| {r['budget']} | {r['lt_seq']:,} | {r['lt_pred']:.0f} | {meas} |"
+            over = f"OVER by {100 * (lt['peak'] / b - 1):.1f}%"
+            meas = f"{lt['peak']:.0f} ({'within' if lt['peak'] <= b else over})"
+            fits = r["lt_seq"] if lt["peak"] <= b else None
+        if fit and "peak" in fit:
+            seen = f"{fit['seq']:,} (plan for {fit['budget']}: {fit['pred']:.0f} predicted, {fit['peak']:.0f} measured)"
+            fits = fit["seq"] if fit["peak"] <= b else None
+            seen = seen if fits else "none seen: " + seen
+        else:
+            seen = f"{fits:,}" if fits else "-"
+        line = f"| {r['budget']} | {r['lt_seq']:,} | {r['lt_pred']:.0f} | {meas} | {seen} |"
         for v in variants:
             pr = r["peer"][v]
+            # the plan's length where longtrain was not run; none where its runs were all over the budget
+            ref, mark = (fits, "") if fits else (None if lt else r["lt_seq"], "~")
+            ratio = lambda n, m: f"{m}{ref / n:.1f}x" if ref else "-"
             if pr.get("seq"):
-                line += f" {pr['seq']:,} | {pr['peak']:.0f} | {r['lt_seq'] / pr['seq']:.1f}x |"
+                line += f" {pr['seq']:,} | {pr['peak']:.0f} | {ratio(pr['seq'], mark)} |"
             elif pr.get("seq") == 0:
                 line += " none fits | - | - |"
             else:
                 est = pr.get("estimate")
-                line += (f" ~{est:,.0f} (line, not run) | - | ~{r['lt_seq'] / est:.1f}x |" if est else " ? | - | - |")
+                line += f" ~{est:,.0f} (line, not run) | - | {ratio(est, '~')} |" if est else " ? | - | - |"
         print(line)
-
 
 if __name__ == "__main__":
     main()

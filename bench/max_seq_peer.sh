@@ -24,7 +24,7 @@ mkdir -p "$OUT"
 echo "## machine"
 lscpu | grep -E '^(Model name|CPU family|Model):' | sed 's/  */ /g'
 echo "memory: $(free -g | awk '/^Mem:/ {print $2 " GiB, " $7 " GiB available"}'); load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "longtrain: $BIN ($(git log -1 --format=%h 2>/dev/null || echo '?')); results: $OUT"
+echo "longtrain: $BIN (this checkout: $(git log -1 --format=%h 2>/dev/null || echo "?")); results: $OUT"
 nice -n "${NICE:-10}" /usr/bin/python3 bench/max_seq_peer.py --bin "$BIN" --out "$OUT" \
   --budgets "${BUDGETS:-768MiB 1GiB 2GiB 4GiB 8GiB}" --variants "${VARIANTS:-plain chunked}" --step "${STEP:-256}" \
   --lt-max-seq "${LT_MAX_SEQ:-30000}" --peer-max-seq "${PEER_MAX_SEQ:-16384}" --loss-chunk "${LOSS_CHUNK:-256}" \
