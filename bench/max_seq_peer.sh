@@ -9,9 +9,9 @@
 # candidate a fresh process that a watchdog stops when it passes the budget. Peer variants: plain (whole logits, as
 # PyTorch users write it) and chunked (head + loss in LOSS_CHUNK-token tiles, each recomputed: not stock PyTorch).
 # Every run checks itself: finite losses, the first within 10% of ln(32000), the peer's parameter count longtrain's.
-# Time (2 loaded Zen 2 cores): longtrain ~200 s a step at 23K tokens (1 GiB) and ~S^2 beyond, so it trains only
+# Time (2 loaded Zen 2 cores): longtrain ~6 min a step at 29K tokens (1 GiB) and ~S^2 beyond, so it trains only
 # plan lengths up to LT_MAX_SEQ; the peer ~1-5 min a candidate up to PEER_MAX_SEQ; past those the table gives
-# the plan's length and the peer's line, marked not run. About 1.5 h with the defaults.
+# the plan's length and the peer's line, marked not run. About 45 min with the defaults.
 # Usage: [BUDGETS="768MiB 1GiB 2GiB 4GiB 8GiB"] [BIN=build/longtrain] [VARIANTS="plain chunked"] [STEP=256]
 #        [LT_MAX_SEQ=30000] [PEER_MAX_SEQ=16384] [LOSS_CHUNK=256] [ALLOC=tcmalloc|glibc] [TIMEOUT_S=1800]
 #        [OUT=dir [REUSE=1: take the runs already there]] bash bench/max_seq_peer.sh (root: the Debian 13 root needs it).
