@@ -196,7 +196,7 @@ def main():
     p.add_argument("--step", type=int, default=256, help="the peer's lengths are multiples of this")
     p.add_argument("--probe", default="1024 2048", help="the peer's first two lengths (the first line)")
     p.add_argument("--lt-max-seq", type=int, default=30000, help="longtrain trains only plan lengths up to this")
-    p.add_argument("--peer-max-seq", type=int, default=16384, help="the peer runs only lengths up to this")
+    p.add_argument("--peer-max-seq", type=int, default=24576, help="the peer runs only lengths up to this")
     p.add_argument("--loss-chunk", type=int, default=256, help="the chunked peer's tile (longtrain's loss_chunk)")
     p.add_argument("--alloc", choices=["tcmalloc", "glibc"], default="tcmalloc", help="the peer's allocator")
     p.add_argument("--max-runs", type=int, default=8, help="the peer's runs per budget after the probes")

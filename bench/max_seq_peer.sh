@@ -10,10 +10,10 @@
 # PyTorch users write it) and chunked (head + loss in LOSS_CHUNK-token tiles, each recomputed: not stock PyTorch).
 # Every run checks itself: finite losses, the first within 10% of ln(32000), the peer's parameter count longtrain's.
 # Time (2 loaded Zen 2 cores): longtrain ~6 min a step at 29K tokens (1 GiB) and ~S^2 beyond, so it trains only
-# plan lengths up to LT_MAX_SEQ; the peer ~1-5 min a candidate up to PEER_MAX_SEQ; past those the table gives
-# the plan's length and the peer's line, marked not run. About 45 min with the defaults.
+# plan lengths up to LT_MAX_SEQ; the peer ~1-7 min a candidate up to PEER_MAX_SEQ; past those the table gives
+# the plan's length and the peer's line, marked not run. About 1 h with the defaults.
 # Usage: [BUDGETS="768MiB 1GiB 2GiB 4GiB 8GiB"] [BIN=build/longtrain] [VARIANTS="plain chunked"] [STEP=256]
-#        [LT_MAX_SEQ=30000] [PEER_MAX_SEQ=16384] [LOSS_CHUNK=256] [ALLOC=tcmalloc|glibc] [TIMEOUT_S=1800]
+#        [LT_MAX_SEQ=30000] [PEER_MAX_SEQ=24576] [LOSS_CHUNK=256] [ALLOC=tcmalloc|glibc] [TIMEOUT_S=1800]
 #        [OUT=dir [REUSE=1: take the runs already there]] bash bench/max_seq_peer.sh (root: the Debian 13 root needs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +27,7 @@ echo "memory: $(free -g | awk '/^Mem:/ {print $2 " GiB, " $7 " GiB available"}')
 echo "longtrain: $BIN (this checkout: $(git log -1 --format=%h 2>/dev/null || echo "?")); results: $OUT"
 nice -n "${NICE:-10}" /usr/bin/python3 bench/max_seq_peer.py --bin "$BIN" --out "$OUT" \
   --budgets "${BUDGETS:-768MiB 1GiB 2GiB 4GiB 8GiB}" --variants "${VARIANTS:-plain chunked}" --step "${STEP:-256}" \
-  --lt-max-seq "${LT_MAX_SEQ:-30000}" --peer-max-seq "${PEER_MAX_SEQ:-16384}" --loss-chunk "${LOSS_CHUNK:-256}" \
+  --lt-max-seq "${LT_MAX_SEQ:-30000}" --peer-max-seq "${PEER_MAX_SEQ:-24576}" --loss-chunk "${LOSS_CHUNK:-256}" \
   --alloc "${ALLOC:-tcmalloc}" --timeout-s "${TIMEOUT_S:-1800}" \
   $([[ ${REUSE:-0} == 1 ]] && echo --reuse) | tee "$OUT/table.md"
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
