@@ -7,8 +7,10 @@
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
+import threading
 import time
 
 import torch
@@ -122,7 +124,7 @@ class Llama(torch.nn.Module):
         m = rms_norm(x1, b.mlp_norm, self.eps)
         return x1 + F.linear(F.silu(F.linear(m, b.w_gate)) * F.linear(m, b.w_up), b.w_down)
 
-    def forward(self, ids, pos):
+    def hidden_states(self, ids, pos):
         x = F.embedding(ids, self.embed)
         cos, sin = rope_tables(pos, self.a.hidden // self.a.heads, self.theta)
         for b in self.blocks:
@@ -130,12 +132,25 @@ class Llama(torch.nn.Module):
                 x = checkpoint(self.block, b, x, cos, sin, use_reentrant=False)
             else:
                 x = self.block(b, x, cos, sin)
-        return F.linear(rms_norm(x, self.final_norm, self.eps), self.lm_head)
+        return rms_norm(x, self.final_norm, self.eps)
+
+    def forward(self, ids, pos):
+        return F.linear(self.hidden_states(ids, pos), self.lm_head)
+
+    def head_loss_sum(self, h, labels):
+        logits = F.linear(h, self.lm_head).float()
+        return F.cross_entropy(logits.reshape(-1, self.a.vocab), labels.reshape(-1), reduction="sum")
 
     def loss(self, ids, pos, labels):
-        """Mean cross-entropy over every label, in fp32 even under bf16 autocast (as longtrain's loss)."""
-        logits = self(ids, pos).float()
-        return F.cross_entropy(logits.reshape(-1, self.a.vocab), labels.reshape(-1), reduction="sum") / labels.numel()
+        """Mean cross-entropy over every label, in fp32 even under bf16 autocast (as longtrain's loss). With
+        --loss-chunk N the head and loss run N tokens at a time, each chunk recomputed in backward (not stock
+        PyTorch: what longtrain's model.loss_chunk does), so [B, S, vocab] logits never exist whole."""
+        if not self.a.loss_chunk:
+            return self.head_loss_sum(self.hidden_states(ids, pos), labels) / labels.numel()
+        h, n = self.hidden_states(ids, pos), self.a.loss_chunk
+        total = sum(checkpoint(self.head_loss_sum, h[:, i:i + n], labels[:, i:i + n], use_reentrant=False)
+                    for i in range(0, h.size(1), n))
+        return total / labels.numel()
 
 
 def gemm_peak(threads, dtype_name, n):
@@ -168,6 +183,10 @@ def parse_args():
     p.add_argument("--bf16", action="store_true", help="bf16 autocast around forward and loss")
     p.add_argument("--budget-s", type=float, default=0,
                    help="stop early once 3 steps after warm-up ran and the timed steps took this long (0: all steps)")
+    p.add_argument("--loss-chunk", type=int, default=0,
+                   help="head and loss N tokens at a time, each chunk recomputed in backward (0: whole logits)")
+    p.add_argument("--rss-cap-mib", type=float, default=0,
+                   help="exit 3 as soon as resident memory passes this (a watchdog for bench/max_seq_peer.sh's search)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--gemm-peak", choices=["fp32", "bf16"], help="only measure the GEMM peak of this type and exit")
     p.add_argument("--gemm-n", type=int, default=2048, help="matrix size for --gemm-peak")
@@ -176,6 +195,24 @@ def parse_args():
     if major < 2 and (a.attention != "naive" or a.compile or a.fused_adamw):
         p.error(f"--attention {a.attention} / --compile / --fused-adamw need PyTorch 2.x, this is {torch.__version__}")
     return a
+
+
+def status_kib(field):
+    """VmRSS / VmHWM of this process from /proc/self/status, in KiB."""
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return -1
+
+
+def rss_watchdog(cap_mib):
+    """Polls VmHWM every 10 ms; past the cap the run cannot fit its budget, so it stops before using more."""
+    while True:
+        hwm = status_kib("VmHWM")
+        if hwm > cap_mib * 1024:
+            print(json.dumps({"over_cap": True, "peak_rss_bytes": hwm * 1024, "cap_mib": cap_mib}), flush=True)
+            os._exit(3)
+        time.sleep(0.01)
 
 
 def zipf_tokens(a):
@@ -233,6 +270,8 @@ def main():
         sys.exit(f"--warmup={a.warmup} must be below --steps={a.steps}")
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
+    if a.rss_cap_mib:
+        threading.Thread(target=rss_watchdog, args=(a.rss_cap_mib,), daemon=True).start()
 
     model = Llama(a, seed=a.seed)
     n_params = sum(t.numel() for t in model.parameters())
@@ -248,7 +287,8 @@ def main():
                                               a.seq),
            "torch": torch.__version__, "attention": a.attention, "fused_adamw": a.fused_adamw,
            "compile": a.compile, "bf16": a.bf16, "first_step_s": times[0],
-           "checkpoint": a.checkpoint, "steps": len(times), "warmup": a.warmup}
+           "checkpoint": a.checkpoint, "steps": len(times), "warmup": a.warmup, "seq": a.seq,
+           "loss_chunk": a.loss_chunk, "peak_rss_bytes": status_kib("VmHWM") * 1024}
     print(json.dumps(out))
     err = check(a, losses)
     if err:
