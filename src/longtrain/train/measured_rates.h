@@ -1,8 +1,8 @@
 // The rates the time model prices a step with (plan::Rates), measured on this machine at the
 // shapes a run uses, in this process, with its intra-op thread count. Non-obvious: each figure is
-// the median of several timed rounds, not the best: the model predicts the step a run will see,
-// and a run sees the machine's typical speed (the MFU peak, train/peak_record.h, wants the best).
-// Each shape is measured once, when first asked for, and kept.
+// the second best of five timed rounds, neither the best (the MFU peak's rule, train/peak_record.h:
+// the model predicts the step a run will see) nor the median (a round can stall on a VM in a way
+// a run does not: measured_rates.cpp). Each shape is measured once, when first asked for, and kept.
 #pragma once
 #include <string>
 
