@@ -52,7 +52,7 @@ Axis zeroStages(int world) {
 
 Axis tilings() {
   Axis out;
-  for (int64_t chunk : {0, 1024, 256})
+  for (int64_t chunk : kLossChunkChoices)
     for (bool mlp : {false, true})
       out.push_back({fmt::format("model.loss_chunk={}", chunk), fmt::format("model.tiled_mlp={}", mlp)});
   return out;
@@ -120,10 +120,6 @@ FitResult fit(const config::Config& base, const ConfigWith& with, int world, int
       ++out.invalid;
       continue;
     }
-    if (c.cfg.sequenceParallelSize * c.cfg.layout.dp != world) {  // a batch split meant for another SP degree
-      ++out.invalid;
-      continue;
-    }
     c.graphBlocks = graphBlocksFor(c.cfg, world, usable);
     c.peak = predictPeak(c.cfg, world, c.graphBlocks);
     if (c.peak.total() > usable) {
@@ -149,17 +145,13 @@ FitResult fit(const config::Config& base, const ConfigWith& with, int world, int
 
 Tiling chooseTiling(const config::Config& cfg, int world, int64_t budget) {
   const auto& m = cfg.model;
-  std::vector<Tiling> options;  // least tiling first
-  for (int64_t chunk : {int64_t{0}, int64_t{1024}, int64_t{256}})
-    for (bool mlp : {false, true}) {
+  std::vector<Tiling> options;  // least tiling first: the loss tiled before the MLP
+  for (bool mlp : {false, true})
+    for (int64_t chunk : kLossChunkChoices) {
       if (!m.lossChunkAuto && chunk != 0) continue;
       if (!m.tiledMlpAuto && mlp) continue;
       options.push_back({m.lossChunkAuto ? chunk : m.lossChunk, m.tiledMlpAuto ? mlp : m.tiledMlp});
     }
-  std::stable_sort(options.begin(), options.end(), [](const Tiling& a, const Tiling& b) {
-    auto rank = [](const Tiling& t) { return (t.lossChunk == 0 ? 0 : t.lossChunk == 1024 ? 1 : 2) + (t.tiledMlp ? 3 : 0); };
-    return rank(a) < rank(b);
-  });
   int bestBlocks = -1;
   Tiling best = options.back();
   for (const auto& t : options) {

@@ -41,6 +41,9 @@ FitResult fit(const config::Config& base, const ConfigWith& with, int world, int
 // What --fit and --max-seq keep free of the budget: the memory model's accuracy target.
 constexpr double kFitMargin = 0.03;
 
+// The loss tile sizes --fit and "auto" choose from, least tiling first (0: the whole logits).
+inline constexpr int64_t kLossChunkChoices[] = {0, 1024, 256};
+
 // model.loss_chunk and model.tiled_mlp "auto": the least tiling with which the most blocks keep
 // their graph within `budget` (tiling costs a few percent of a step, recompute a third of a
 // block's); the most tiling when nothing fits. Keys the user set keep their values.

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -252,11 +253,13 @@ bool Engine::chooseOneDnnGemm() {
 void Engine::chooseTiling() {
   if (!cfg_.model.lossChunkAuto && !cfg_.model.tiledMlpAuto) return;
   const plan::Tiling t = plan::chooseTiling(plan_.applied(cfg_), groups_.world->size(), plan_.memoryBudget);
-  const double level = t.lossChunk == 0 ? 0 : t.lossChunk >= 1024 ? 1 : 2;
+  // The choice's place in plan::kLossChunkChoices (least tiling first): the largest wins.
+  const auto& chunks = plan::kLossChunkChoices;
+  const auto pos = std::find(std::begin(chunks), std::end(chunks), t.lossChunk);
+  const double level = cfg_.model.lossChunkAuto ? static_cast<double>(pos - std::begin(chunks)) : 0;
   auto v = at::tensor({level, t.tiledMlp ? 1.0 : 0.0}, at::kDouble);
   groups_.world->allReduce(v, comm::ReduceOp::Max).wait();
-  const int agreed = static_cast<int>(v[0].item<double>());
-  plan_.lossChunk = agreed == 0 ? 0 : agreed == 1 ? 1024 : 256;
+  plan_.lossChunk = chunks[static_cast<int>(v[0].item<double>())];
   plan_.tiledMlp = v[1].item<double>() > 0;
   const config::ModelConfig m = plan_.model(cfg_.model);
   if (groups_.world->rank() == 0)
