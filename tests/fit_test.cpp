@@ -182,6 +182,9 @@ TEST(Fit, TrainFitRunsItsChoiceUnderTheBudget) {
   const auto small = sh(kBin + " plan " + cfg + " --nproc 2 --fit 1MiB");
   EXPECT_EQ(small.code, 1);
   EXPECT_NE(small.out.find("nothing fits 1 MiB a rank"), std::string::npos) << small.out;
+  const auto bad = sh(kBin + " train " + cfg + " --fit 12XB");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("--fit: cannot read '12XB'"), std::string::npos) << bad.out;
   const std::string metrics = cfg + "l";  // fit.jsonl beside it
   const auto peakOf = [&] {
     std::ifstream f(metrics);

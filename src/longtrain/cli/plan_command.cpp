@@ -13,6 +13,7 @@
 #include "longtrain/config/parse.h"
 #include "longtrain/config/run_plan.h"
 #include "longtrain/core/check.h"
+#include "longtrain/core/strings.h"
 #include "longtrain/plan/fit.h"
 #include "longtrain/plan/memory_model.h"
 #include "longtrain/plan/time_model.h"
@@ -190,7 +191,7 @@ int runPlan(const ConfigFlags& f) {
   nlohmann::json j = config::loadConfigJson(f.config, f.sets);
   const int world = nprocOf(j, f.nproc);
   if (!f.fit.empty()) {
-    (void)fitSets(f.config, f.sets, world, plan::parseBytes(f.fit), "run it: longtrain train CONFIG");
+    (void)fitSets(f.config, f.sets, world, parseByteSize(f.fit, "--fit"), "run it: longtrain train CONFIG");
     return 0;
   }
   config::Config cfg = plannedConfig(f.config, f.sets, world);

@@ -16,9 +16,9 @@
 #include "longtrain/comm/launch.h"
 #include "longtrain/config/parse.h"
 #include "longtrain/core/check.h"
+#include "longtrain/core/strings.h"
 #include "longtrain/core/stop.h"
 #include "longtrain/offload/activation_file.h"
-#include "longtrain/plan/memory_model.h"
 #include "longtrain/plan/preflight.h"
 #include "longtrain/train/inputs.h"
 #include "longtrain/train/process_baseline.h"
@@ -146,7 +146,7 @@ int runTrain(int argc, char** argv, TrainFlags fl) {
     LT_CHECK(!inRank, "--fit is chosen by longtrain's own launcher, once for all its ranks; under another launcher, run "
              "`longtrain plan CONFIG --nproc N --fit ", fl.fit, "` and pass the --set flags it prints");
     const int nproc = nprocOf(config::loadConfigJson(fl.config, fl.sets), fl.nproc);
-    const auto chosen = fitSets(fl.config, fl.sets, nproc * fl.nnodes, plan::parseBytes(fl.fit), "train runs it with:");
+    const auto chosen = fitSets(fl.config, fl.sets, nproc * fl.nnodes, parseByteSize(fl.fit, "--fit"), "train runs it with:");
     std::fflush(stdout);
     fl.sets.insert(fl.sets.end(), chosen.begin(), chosen.end());
     args = withFitApplied(argc, argv, chosen);
