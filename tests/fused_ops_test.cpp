@@ -142,6 +142,26 @@ TEST(FusedOps, RmsNormWeightGradientIsTheSameAtAnyThreadCount) {
   EXPECT_TRUE(at::equal(dw[0], dw[1]));
 }
 
+// The gradient norm's sum of squares against ATen's float64 copy, squared and summed (what the
+// optimizer computed before), for lengths that end mid-block and mid-lane; the same bits at 1 and 2 threads.
+TEST(FusedOps, SumOfSquaresEqualsAtenFloat64AtAnyThreadCount) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(29);
+  const int before = at::get_num_threads();
+  for (int64_t n : {0, 1, 7, 16384, 16385, 100003, 1 << 20}) {
+    auto x = at::randn({n}, gen) * 1e-3 + (n % 2 ? 5.0 : 0.0);
+    const double want = x.to(at::kDouble).pow(2).sum().item<double>();
+    std::vector<double> got;
+    for (int t : {1, 2}) {
+      at::set_num_threads(t);
+      got.push_back(lt::kernels::sumOfSquares(x));
+    }
+    EXPECT_NEAR(got[0], want, Tol::kDoubleArithmetic * std::max(1.0, want)) << n;
+    EXPECT_EQ(got[0], got[1]) << n;
+  }
+  at::set_num_threads(before);
+  EXPECT_THROW(lt::kernels::sumOfSquares(at::ones({4, 4}).t()), std::exception);
+}
+
 // The whole model: fused kernels (and one GEMM for q/k/v and for gate/up) against the ATen
 // composition, loss and every parameter gradient.
 TEST(FusedOps, ModelWithFusedKernelsEqualsAtenComposition) {

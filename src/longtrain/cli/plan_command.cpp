@@ -70,7 +70,7 @@ void printPeak(const config::Config& cfg, int world) {
 // The longest seq_len of `c` on `w` ranks within `budget` less the margin, and its predicted peak
 // in MiB ("-": none).
 int64_t longestSeq(const config::Config& c, int w, int64_t budget, std::string* peak) {
-  const int64_t s = plan::maxSeqLen(c, w, static_cast<int64_t>((1 - plan::kFitMargin) * static_cast<double>(budget)));
+  const int64_t s = plan::maxSeqLen(c, w, budget);
   *peak = "-";
   if (s > 0) {
     config::Config at = c;

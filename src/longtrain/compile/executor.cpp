@@ -5,6 +5,8 @@
 #include "longtrain/compile/executor.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <chrono>
 
@@ -13,6 +15,19 @@
 #include "longtrain/core/trace.h"
 
 namespace lt::compile {
+
+namespace {
+
+// y.backward(dy) without holding y: a block's output [B, S, D] is freed before its backward
+// runs (the block's last op, a residual add, does not need it). y.backward would keep it.
+void backwardReleasing(at::Tensor&& y, const at::Tensor& dy) {
+  const torch::autograd::Edge root = torch::autograd::impl::gradient_edge(y);
+  y = at::Tensor();
+  torch::autograd::Engine::get_default_engine().execute({root}, {dy}, /*keep_graph=*/false, /*create_graph=*/false,
+                                                        /*accumulate_grad=*/true);
+}
+
+}  // namespace
 
 Executor::Executor(model::Model& m, model::AttentionFn attn, Hooks hooks, ActivationOffload* offload)
     : model_(m), attn_(std::move(attn)), hooks_(std::move(hooks)), offload_(offload) {}
@@ -101,15 +116,14 @@ void Executor::execute(const Instr& in, RunState& r) {
     }
     case OpCode::Backward:
       LT_ASSERT(r.graphOut[b].defined(), "Backward(", b, ") without its ForwardGraph");
-      r.graphOut[b].backward(r.grad);
+      backwardReleasing(std::move(r.graphOut[b]), r.grad);  // the graph goes with it
       r.grad = r.graphIn[b].grad();
-      r.graphIn[b] = r.graphOut[b] = at::Tensor();  // the graph goes with them
+      r.graphIn[b] = r.graphOut[b] = at::Tensor();
       break;
     case OpCode::RecomputeBackward: {
       if (offload_ && offload_->holds(b)) r.kept[b] = offload_->take(b);
       auto x = r.kept[b].detach().requires_grad_(true);
-      auto y = model_.block(b, x, r.batch.position_ids, attn_);
-      y.backward(r.grad);
+      backwardReleasing(model_.block(b, x, r.batch.position_ids, attn_), r.grad);
       r.grad = x.grad();
       break;  // kept[b] lives on until FreeActivation(b) or the end of the micro-step
     }

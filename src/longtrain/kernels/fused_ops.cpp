@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <iterator>
+#include <vector>
 
 #include "longtrain/core/check.h"
 #include "longtrain/kernels/pointwise_kernels.h"
@@ -224,6 +225,31 @@ at::Tensor toBf16InPlace(const at::Tensor& x, Isa isa) {
   k.toBf16(xp, yp, std::min(n, kFirst));
   for (int64_t a = kFirst; a < n; a *= 2) toBf16Range(k, xp, yp, a, std::min(n, 2 * a));
   return x.view(at::kBFloat16).reshape({-1}).narrow(0, 0, n).view(x.sizes());
+}
+
+double sumOfSquares(const at::Tensor& x) {
+  LT_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "sumOfSquares: expected a contiguous fp32 tensor, got ",
+           x.scalar_type(), x.is_contiguous() ? "" : " (not contiguous)");
+  constexpr int64_t kBlock = 16384, kLanes = 8;  // kLanes independent sums: the loop vectorizes without reassociating
+  const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
+  const float* p = x.data_ptr<float>();
+  std::vector<double> partial(blocks);
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      double lane[kLanes] = {};
+      const int64_t end = std::min(n, (b + 1) * kBlock);
+      int64_t i = b * kBlock;
+      for (; i + kLanes <= end; i += kLanes)
+        for (int64_t k = 0; k < kLanes; ++k) lane[k] += static_cast<double>(p[i + k]) * p[i + k];
+      for (; i < end; ++i) lane[i % kLanes] += static_cast<double>(p[i]) * p[i];
+      double s = 0;
+      for (double l : lane) s += l;
+      partial[b] = s;
+    }
+  });
+  double sum = 0;
+  for (double s : partial) sum += s;
+  return sum;
 }
 
 }  // namespace lt::kernels

@@ -37,4 +37,8 @@ at::Tensor toBf16(const at::Tensor& x, Isa isa = isaBest());
 // (the fused LM head's logits gradient). Parallel in waves that never write what is unread.
 at::Tensor toBf16InPlace(const at::Tensor& x, Isa isa = isaBest());
 
+// sum(x^2) in float64 for a contiguous fp32 x, in one pass that allocates nothing (a float's
+// square is exact in a double). Fixed blocks are summed in order: the same bits at any thread count.
+double sumOfSquares(const at::Tensor& x);
+
 }  // namespace lt::kernels

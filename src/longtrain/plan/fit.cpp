@@ -107,9 +107,8 @@ std::string Candidate::describe() const {
 
 FitResult fit(const config::Config& base, const ConfigWith& with, int world, int64_t budget, const Rates& rates) {
   FitResult out;
-  const int64_t usable = static_cast<int64_t>((1 - kFitMargin) * static_cast<double>(budget));
   const std::vector<std::string> fixed = {"model.attention=\"fused\"", "activation_checkpointing=\"auto\"",
-                                          fmt::format("train.memory_budget={}", usable)};
+                                          fmt::format("train.memory_budget={}", budget)};
   for (auto sets : product({layouts(world), zeroStages(world), tilings(), batchSplits(base, world), offloads(base)})) {
     ++out.considered;
     sets.insert(sets.begin(), fixed.begin(), fixed.end());
@@ -120,9 +119,9 @@ FitResult fit(const config::Config& base, const ConfigWith& with, int world, int
       ++out.invalid;
       continue;
     }
-    c.graphBlocks = graphBlocksFor(c.cfg, world, usable);
+    c.graphBlocks = graphBlocksFor(c.cfg, world, budget);
     c.peak = predictPeak(c.cfg, world, c.graphBlocks);
-    if (c.peak.total() > usable) {
+    if (c.peak.total() > fitBytes(budget)) {
       ++out.tooBig;
       continue;
     }
@@ -159,7 +158,7 @@ Tiling chooseTiling(const config::Config& cfg, int world, int64_t budget) {
     c.model.lossChunk = t.lossChunk;
     c.model.tiledMlp = t.tiledMlp;
     const int k = graphBlocksFor(c, world, budget);
-    if (predictPeak(c, world, k).total() > budget) continue;
+    if (predictPeak(c, world, k).total() > fitBytes(budget)) continue;
     if (k > bestBlocks) {
       bestBlocks = k;
       best = t;

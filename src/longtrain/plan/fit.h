@@ -34,12 +34,9 @@ struct FitResult {
 // config's rules refuse the combination.
 using ConfigWith = std::function<config::Config(const std::vector<std::string>&)>;
 
-// Candidates of `base` on `world` ranks within `budget` bytes a rank (less kFitMargin), ranked by
+// Candidates of `base` on `world` ranks that fit `budget` bytes a rank (fitBytes), ranked by
 // predicted step time under `rates`.
 FitResult fit(const config::Config& base, const ConfigWith& with, int world, int64_t budget, const Rates& rates);
-
-// What --fit and --max-seq keep free of the budget: the memory model's accuracy target.
-constexpr double kFitMargin = 0.03;
 
 // The loss tile sizes --fit and "auto" choose from, least tiling first (0: the whole logits).
 inline constexpr int64_t kLossChunkChoices[] = {0, 1024, 256};

@@ -395,11 +395,10 @@ void addZeroPhases(const config::Config& c, const StepTerms& t, std::vector<Phas
   p.acts.add(1, t.batch);
   p.name = "ZeRO gradient reduce-scatter";
   phases.push_back(p);
-  Phase o;  // step(): the global norm reads each sub-group's gradient as float64, squared;
+  Phase o;  // step(): the global norm allocates nothing (kernels::sumOfSquares);
   o.params = t.params;  // stages 1 and 2 then all-gather the masters, two runs in flight
   o.grads = t.grads;
   o.optim = t.optim;
-  o.transient.add(2, 8 * t.sgFull / d.W);
   if (!t.z3)
     o.transient.add(2, std::min(d.N, std::max(static_cast<double>(c.zero.allgatherBucketSize), d.maxParam)) * kF);
   o.name = "optimizer step";
@@ -412,13 +411,12 @@ void addZeroPhases(const config::Config& c, const StepTerms& t, std::vector<Phas
   phases.push_back(i);
 }
 
-// Stage 0: the gradients are all-reduced in place; the norm is float64, squared.
+// Stage 0: the gradients are all-reduced in place; the norm and Adam allocate nothing.
 Phase dataParallelStepPhase(const StepTerms& t) {
   Phase o;
   o.params = t.params;
   o.grads = t.grads;
   o.optim = t.optim;
-  o.transient.add(2, 8 * t.n.maxParam);
   o.name = "optimizer step";
   return o;
 }
@@ -504,7 +502,7 @@ int graphBlocksFor(const config::Config& c, int world, int64_t budgetBytes) {
   if (c.activationCheckpointing == config::Recompute::None) return L;
   LT_ASSERT(c.activationCheckpointing == config::Recompute::Auto);
   int k = 0;  // the peak grows with k: take the largest that fits (0 when none does)
-  while (k < L && predict(c, world, k + 1).breakdown.total() <= budgetBytes) ++k;
+  while (k < L && predict(c, world, k + 1).breakdown.total() <= fitBytes(budgetBytes)) ++k;
   return k;
 }
 
@@ -515,7 +513,8 @@ int64_t minSeqLen(const config::Config& c) {
   return 2;
 }
 
-int64_t maxSeqLen(const config::Config& cfg, int world, int64_t budgetBytes, int64_t cap) {
+int64_t maxSeqLen(const config::Config& cfg, int world, int64_t budget, int64_t cap) {
+  const int64_t budgetBytes = fitBytes(budget);
   const int64_t unit = seqLenMultiple(cfg);
   config::Config c = cfg;
   // "auto" recomputes every block at the longest length that fits; "none" never does.

@@ -50,9 +50,17 @@ StepShape stepShapeOf(const config::Config& cfg);
 // the last `graphBlocks` blocks keep their autograd graph and the others are recomputed.
 MemoryBreakdown predictPeak(const config::Config& cfg, int world, int graphBlocks = 0);
 
+// What every choice against a budget keeps free of it (activation_checkpointing "auto", "auto"
+// tiling, --max-seq, --fit): the memory model's accuracy target. A prediction fits `budgetBytes`
+// when it is within fitBytes(budgetBytes), so train and plan choose alike from the user's budget.
+constexpr double kFitMargin = 0.03;
+inline int64_t fitBytes(int64_t budgetBytes) {
+  return static_cast<int64_t>((1 - kFitMargin) * static_cast<double>(budgetBytes));
+}
+
 // activation_checkpointing's choice: how many of the last blocks keep their graph. "all": 0;
-// "none": every block; "auto": the most whose predicted peak is within `budgetBytes` (0 when
-// even full recompute does not fit: the run then goes ahead and may run out of memory).
+// "none": every block; "auto": the most whose predicted peak fits `budgetBytes` (0 when even
+// full recompute does not fit: the run then goes ahead and may run out of memory).
 int graphBlocksFor(const config::Config& cfg, int world, int64_t budgetBytes);
 
 // The per-rank budget "auto" uses: train.memory_budget, else 90% of rankMemoryLimitBytes.
@@ -70,7 +78,7 @@ int64_t seqLenMultiple(const config::Config& cfg);
 // ... and at least this (kv_recall's BOS + pairs + queries; 2 otherwise).
 int64_t minSeqLen(const config::Config& cfg);
 
-// The longest valid seq_len whose predicted peak is within `budgetBytes` (binary search on
+// The longest valid seq_len whose predicted peak fits `budgetBytes` (binary search on
 // the prediction, which is nondecreasing in seq_len); 0 when even the shortest does not fit.
 // `cap`: the longest length considered (a result equal to it means "at least").
 int64_t maxSeqLen(const config::Config& cfg, int world, int64_t budgetBytes, int64_t cap = int64_t{1} << 24);

@@ -21,6 +21,7 @@
 #include "longtrain/core/check.h"
 #include "longtrain/core/partition.h"
 #include "longtrain/core/trace.h"
+#include "longtrain/kernels/fused_ops.h"
 #include "longtrain/offload/grad_verdict.h"
 
 namespace lt::zero {
@@ -534,16 +535,17 @@ void ShardedOptimizer::drainResults(int expected) {
   }
 }
 
-// The squared global norm, in float64 so it does not depend on the order of small sums. Stage 0
+// The squared global norm, in float64 so it does not depend on the order of small sums, and
+// without a float64 copy of any gradient (16 bytes an element at the step's end). Stage 0
 // sums each parameter's gradient (every rank holds them all, reduced); stages 1-3 sum every
 // rank's partitions (disjoint) and add them over the world.
 double ShardedOptimizer::squaredGradNorm() {
   double sq = 0;
   if (o_.stage == 0) {
-    for (auto& pi : params_) sq += pi.tensor.grad().to(at::kDouble).pow(2).sum().item<double>();
+    for (auto& pi : params_) sq += kernels::sumOfSquares(pi.tensor.grad());
     return sq;
   }
-  for (auto& sg : subGroups_) sq += sg.grad.to(at::kDouble).pow(2).sum().item<double>();
+  for (auto& sg : subGroups_) sq += kernels::sumOfSquares(sg.grad);
   auto stats = at::tensor({sq}, at::kDouble);
   world_->allReduce(stats).wait();
   return stats.item<double>();
