@@ -257,6 +257,34 @@ TEST(FusedOps, HeadLossEqualsLogitsThenCrossEntropy) {
   }
 }
 
+// Loss tiles accumulate the head's gradient in place (matmulAccumulate): two tiles, on a
+// gradient that already exists (stage 0's views of the flat buffer), against the whole
+// sequence under autograd, on each fp32 route.
+TEST(FusedOps, HeadLossTilesAccumulateTheWeightGradient) {
+  for (bool oneDnn : {false, true}) {
+    lt::model::ModelConfig cfg;
+    cfg.vocabSize = 50, cfg.hidden = 16, cfg.layers = 1, cfg.heads = 2, cfg.kvHeads = 2, cfg.intermediate = 24;
+    cfg.resolved.oneDnnGemm = oneDnn;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(28);
+    auto h0 = at::randn({1, 20, 16}, gen) * 2;
+    auto labels = at::randint(0, 50, {1, 20}, gen);
+    lt::model::Model ref(cfg, 3), got(cfg, 3);
+    auto h = h0.clone().requires_grad_(true);
+    (lt::model::lossSum(ref.logits(h), labels).sum * 0.5).backward();
+    auto& w = got.group(got.headGroup()).back().tensor;  // lm_head.weight (untied)
+    w.mutable_grad() = at::zeros_like(w);
+    double sum = 0;
+    for (int64_t t0 : {0, 11}) {
+      const int64_t n = t0 == 0 ? 11 : 9;
+      sum += got.headLoss(h0.narrow(1, t0, n), labels.narrow(1, t0, n), 0.5).sum;
+    }
+    const std::string what = oneDnn ? "onednn" : "blas";
+    EXPECT_NEAR(sum, lt::model::lossSum(ref.logits(h0), labels).sum.item<double>(), 1e-5 * sum) << what;
+    const auto& rw = ref.group(ref.headGroup()).back().tensor;
+    EXPECT_LE(relErr(w.grad(), rw.grad()), Tol::kFusedKernel) << what;
+  }
+}
+
 }  // namespace
 
 namespace {

@@ -179,6 +179,12 @@ void matmulInto(at::Tensor& out, const at::Tensor& a, bool transA, const at::Ten
   routeGemm(route, transA, transB, opA.size(0), opB.size(1), opA.size(1), operand(a, route), operand(b, route), out);
 }
 
+void matmulAccumulate(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route) {
+  if (route != GemmRoute::Blas) return void(out.add_(matmul(a, transA, b, transB, route)));
+  LT_ASSERT(a.dim() == 2 && b.dim() == 2);
+  out.addmm_(transA ? a.t() : a, transB ? b.t() : b);
+}
+
 at::Tensor matmul(const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route) {
   auto out = at::empty({a.size(transA ? 1 : 0), b.size(transB ? 0 : 1)}, a.options().dtype(at::kFloat));
   matmulInto(out, a, transA, b, transB, route);

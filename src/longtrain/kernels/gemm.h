@@ -25,6 +25,9 @@ at::Tensor oneDnnLinear(const at::Tensor& x, const at::Tensor& w, GemmRoute rout
 // `matmul` allocates out.
 void matmulInto(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);
 at::Tensor matmul(const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);
+// out += op(a) op(b): on the BLAS route one GEMM with beta = 1, so no product-sized temporary
+// exists (the LM head's [V, D] weight gradient, per loss tile); the oneDNN routes add a product.
+void matmulAccumulate(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);
 
 // Tests: the bf16 route's products on operands widened to fp32 (what a CPU without a oneDNN bf16
 // kernel runs), whatever this CPU has. Process-wide.

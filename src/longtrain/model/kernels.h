@@ -28,6 +28,7 @@ using kernels::GemmRoute;
 using kernels::linear;
 using kernels::matmul;
 using kernels::matmulInto;
+using kernels::matmulAccumulate;
 using kernels::oneDnnLinear;
 
 }  // namespace lt::model

@@ -339,10 +339,9 @@ Model::TileLoss Model::headLoss(const at::Tensor& h, const at::Tensor& shiftLabe
   p.mul_(valid.unsqueeze(1).to(p.scalar_type()) * scale);
   // bf16 route: both products read one bf16 rounding of the gradient, in the buffer itself.
   const auto dLogits = gemm == GemmRoute::Bf16 ? toBf16InPlace(p) : p;
-  auto dw = matmul(dLogits, true, x, false, gemm);  // [V, D]
-  auto& acc = w.mutable_grad();
-  if (acc.defined()) acc.add_(dw);
-  else acc = dw;
+  auto& acc = w.mutable_grad();  // += dL/dW [V, D]
+  if (acc.defined()) matmulAccumulate(acc, dLogits, true, x, false, gemm);
+  else acc = matmul(dLogits, true, x, false, gemm);
   auto dx = matmul(dLogits, false, wd, false, gemm).view_as(hn);
   {
     at::AutoGradMode grad(true);
@@ -449,14 +448,15 @@ BlockFootprint blockFootprint(const ModelConfig& m, const StepShape& s, const Fo
 // log_softmax saves its output; backward holds it with nll's gradient and log_softmax's (3
 // [B, cl, V]). Fused (headLoss): one [B, cl, V] buffer holds the logits, then the
 // probabilities, then their gradient, kept from step to step. Both: the final norm's saved
-// tensors and dh (3 [B, cl, D]) and the LM head's weight-gradient temporary (V x D).
+// tensors and dh (3 [B, cl, D]), and the LM head's weight-gradient product (V x D), which the
+// fused head on the BLAS route accumulates in place (matmulAccumulate).
 Footprint headLossFootprint(const ModelConfig& m, const StepShape& s) {
   const double logits = s.batch * s.lossTile * s.vocab * 4;
   Footprint f;
   if (m.fusedKernels) f.saved.add(1, logits);
   else f.work.add(3, logits);
   f.work.add(3, s.batch * s.lossTile * s.hidden * 4);
-  f.work.add(1, s.vocab * s.hidden * 4);
+  if (!m.fusedKernels || gemmRoute(m) != GemmRoute::Blas) f.work.add(1, s.vocab * s.hidden * 4);
   if (gemmRoute(m) == GemmRoute::Bf16) {
     // The three GEMMs run one at a time, each on bf16 copies of x and w (dL/dlogits is rounded
     // in place) and with its own scratch: without oneDNN's bf16 kernel (AVX2) the widened
