@@ -341,6 +341,9 @@ Footprint ulyssesFootprint(const StepShape& s) {
 // While group g's kernel backward runs: the incoming gradient (contiguous) and the dq, dk, dv
 // being assembled, whole; group g+1's gradient in flight (send, receive) and group g's in the
 // kernel's layout; group g-1's dq/dk/dv in flight (send, receive); the kernel's work on group g.
+// At G = 2 groups g+1 and g-1 are never both in flight, so this is an upper bound there:
+// measured (bench/heap_by_instruction.py, e2e_long at seq 16384 on SP 2, Q = 4 MiB, KV = 2 MiB)
+// 29.9 MiB held at the peak of the attention's backward, incoming gradient included; 32 declared.
 Footprint ulyssesPipelineFootprint(const StepShape& s, int groups) {
   StepShape one = s;  // one head group; G divides the kv heads a rank holds (config::ulyssesHeadGroups)
   one.heads /= groups;
