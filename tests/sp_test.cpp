@@ -370,6 +370,9 @@ TEST(UlyssesHeadGroups, ConfigResolvesAndChecks) {
   EXPECT_EQ(groups(cfg), 1);
   cfg["sequence_parallel_ulysses_head_groups"] = 3;
   EXPECT_NE(lt::testing::errorOf([&] { groups(cfg); }).find("choose a divisor of 2, or \"auto\""), std::string::npos);
+  cfg["sequence_parallel_ulysses_head_groups"] = "two";
+  EXPECT_NE(lt::testing::errorOf([&] { groups(cfg); }).find("must be an integer or \"auto\", got \"two\""),
+            std::string::npos);
   cfg["sequence_parallel_ulysses_head_groups"] = "auto";
   cfg["model"]["attention"] = "chunked";  // no fused kernel to run per group: unpipelined
   EXPECT_EQ(groups(cfg), 1);

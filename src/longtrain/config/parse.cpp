@@ -45,6 +45,8 @@ int parseHeadGroups(JsonReader& r) {
     return 0;
   }
   if (isAuto(r, key)) return 0;
+  LT_CHECK(!r.find(key)->is_string(), "config key '", key, "' must be an integer or \"auto\", got ",
+           r.find(key)->dump());
   return static_cast<int>(r.getInt(key, 0, 1, 1 << 20));
 }
 
