@@ -191,6 +191,31 @@ TEST(FusedAttention, BitIdenticalAcrossThreadCounts) {
   EXPECT_TRUE(at::equal(one.dv, two.dv));
 }
 
+// The raw forward and backward (Ulysses' pipeline runs them per head group): run on the heads
+// in two groups of kv heads (with their query heads) they give the autograd path's bits on all
+// heads at once, because every head is computed on its own. With a document mask and GQA.
+TEST(FusedAttention, RawPerHeadGroupEqualsAutogradBitwise) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(15);
+  const int64_t B = 2, S = 150, H = 8, KV = 4, D = 16;
+  auto q = at::randn({B, S, H, D}, gen), k = at::randn({B, S, KV, D}, gen), v = at::randn({B, S, KV, D}, gen);
+  auto up = at::randn({B, S, H, D}, gen);
+  lt::kernels::FusedAttentionOptions o;
+  o.tile = 32;
+  o.documentStart = at::cat({at::zeros({B, 70}, at::kLong), at::full({B, 80}, 70, at::kLong)}, 1);
+  auto fused = [&](auto& a, auto& b, auto& c) { return lt::kernels::fusedAttention(a, b, c, o); };
+  auto whole = runWithGrads(q, k, v, up, fused);
+  for (int64_t g = 0; g < 2; ++g) {
+    auto qg = q.narrow(2, g * H / 2, H / 2), kg = k.narrow(2, g * KV / 2, KV / 2);
+    auto vg = v.narrow(2, g * KV / 2, KV / 2);
+    auto fwd = lt::kernels::fusedAttentionForward(qg, kg, vg, o);
+    auto d = lt::kernels::fusedAttentionBackward(qg, kg, vg, fwd, up.narrow(2, g * H / 2, H / 2).contiguous(), o);
+    EXPECT_TRUE(at::equal(fwd.out, whole.out.narrow(2, g * H / 2, H / 2))) << "group " << g;
+    EXPECT_TRUE(at::equal(d.dq, whole.dq.narrow(2, g * H / 2, H / 2))) << "group " << g;
+    EXPECT_TRUE(at::equal(d.dk, whole.dk.narrow(2, g * KV / 2, KV / 2))) << "group " << g;
+    EXPECT_TRUE(at::equal(d.dv, whole.dv.narrow(2, g * KV / 2, KV / 2))) << "group " << g;
+  }
+}
+
 // bf16 tile products (AVX512_BF16): every product's operands rounded to bf16, sums in fp32. Against
 // naive fp32 attention within the bf16 tolerance at every shape (odd lengths give odd reduction
 // lengths, whose last pair is padded), GQA ratio and the document mask; and measurably not the fp32

@@ -1,13 +1,16 @@
 // sp/: the Ulysses adapter on DeepSpeed's own example and its error cases; SP attention,
 // loss and gradients equal one rank processing the whole batch (SP 2 and 4, GQA with
-// kv_heads < P); the engine at SP x DP = 2 x 2 equals one rank with accumulation.
+// kv_heads < P); the engine at SP x DP = 2 x 2 equals one rank with accumulation; the
+// pipelined Ulysses path (head groups) has the bits of one group.
 #include <nlohmann/json.hpp>
 
 #include "longtrain/compile/executor.h"
 #include "longtrain/core/check.h"
 #include "longtrain/model/attention.h"
+#include "longtrain/sp/footprint.h"
 #include "longtrain/sp/ulysses.h"
 #include "longtrain/config/parse.h"
+#include "longtrain/config/validate.h"
 #include "longtrain/train/engine.h"
 #include "testing.h"
 
@@ -124,6 +127,18 @@ TEST(Ulysses, HeadChecks) {
   EXPECT_THROW(ulysses(12, 3, 4), lt::Error);  // neither 3 % 4 nor 4 % 3
 }
 
+// The 2-layer model of the equivalence tests.
+lt::model::ModelConfig smallModel(int64_t heads, int64_t kvHeads, int64_t hidden) {
+  lt::model::ModelConfig mc;
+  mc.vocabSize = 40;
+  mc.hidden = hidden;
+  mc.layers = 2;
+  mc.heads = heads;
+  mc.kvHeads = kvHeads;
+  mc.intermediate = 40;
+  return mc;
+}
+
 struct SpCase {
   int p;
   int64_t heads, kvHeads;
@@ -135,13 +150,7 @@ class UlyssesEquivalence : public ::testing::TestWithParam<SpCase> {};
 // attention on the whole batch: loss and every gradient.
 void checkSpEquivalence(const SpCase& c, const lt::model::AttentionFn& core) {
   at::set_num_threads(1);
-  lt::model::ModelConfig mc;
-  mc.vocabSize = 40;
-  mc.hidden = 32;
-  mc.layers = 2;
-  mc.heads = c.heads;
-  mc.kvHeads = c.kvHeads;
-  mc.intermediate = 40;
+  const auto mc = smallModel(c.heads, c.kvHeads, 32);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
   lt::data::Batch whole;
   whole.input_ids = at::randint(mc.vocabSize, {2, 16}, gen, at::kLong);
@@ -222,6 +231,190 @@ TEST(UlyssesEngine, SpTimesDpEqualsOneRank) {
             << "world " << world << " rank " << r << " parameter " << i;
     }
   }
+}
+
+// ---------------------------------------------------------------------------- head groups
+struct PipelineCase {
+  int64_t heads, kvHeads;
+  bool packed;         // documents restarting mid-shard and across the shard boundary
+  int64_t window;      // model.sliding_window
+  std::vector<int> groups;  // G > 1 to compare with G = 1
+};
+
+struct RankResult {
+  double lossSum = 0;
+  std::vector<at::Tensor> grads;  // this rank's (partial) gradient of every parameter
+};
+
+lt::model::ModelConfig pipelineModel(const PipelineCase& c) {
+  auto mc = smallModel(c.heads, c.kvHeads, 64);
+  mc.slidingWindow = c.window;
+  mc.attention = lt::config::AttentionKernel::Fused;
+  mc.attentionChunk = 8;  // several query and key tiles per head over the 32 tokens
+  return mc;
+}
+
+lt::data::Batch pipelineBatch(const PipelineCase& c, int64_t vocab) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  lt::data::Batch whole;
+  whole.input_ids = at::randint(vocab, {2, 32}, gen, at::kLong);
+  whole.labels = whole.input_ids.clone();
+  whole.labels.index_put_({1, at::indexing::Slice(0, 3)}, -100);
+  whole.position_ids = at::arange(32, at::kLong).unsqueeze(0).repeat({2, 1});
+  if (c.packed) {  // row 0: documents of 7, 13 (over the boundary at 16) and 12; row 1: 20 and 12
+    using at::indexing::Slice;
+    whole.position_ids.index_put_({0, Slice(7, 20)}, at::arange(13, at::kLong));
+    whole.position_ids.index_put_({0, Slice(20, 32)}, at::arange(12, at::kLong));
+    whole.position_ids.index_put_({1, Slice(20, 32)}, at::arange(12, at::kLong));
+  }
+  whole.shift_labels = lt::data::shiftLabels(whole.labels);
+  return whole;
+}
+
+// Ulysses over 2 thread ranks with the fused core split into `groups` head groups (1: the
+// unpipelined all-to-alls around model::attentionCore).
+std::vector<RankResult> runUlysses(const PipelineCase& c, const lt::data::Batch& whole, int groups, double count) {
+  const auto mc = pipelineModel(c);
+  std::vector<RankResult> out(2);
+  runRanks(2, 2, [&](int r, lt::comm::Groups& g) {
+    lt::model::Model m(mc, 3);
+    auto attn = lt::sp::ulyssesAttention(g.sp, lt::model::attentionCore(mc), lt::sp::ulyssesPipeline(mc, groups));
+    lt::compile::Executor ex(m, attn, {});
+    lt::compile::RunOptions ro;
+    ro.lossDenominator = count;
+    out[r].lossSum = ex.run(lt::compile::baseProgram(m.numBlocks()), lt::sp::shardBatch(whole, r, ulyssesLayout(2)), ro)
+                         .lossSum;
+    for (const auto& p : m.parameters()) out[r].grads.push_back(p.grad().clone());
+  });
+  return out;
+}
+
+// Loss and every gradient, element by element: pipelined (each G) bit-identical to G = 1,
+// because the fused kernel computes each head (and each kv head's gradients) on its own, so
+// cutting the heads into groups changes no operation's operands or order; and within
+// Tol::kSequenceParallel of one rank with the same fused core on the whole batch.
+void checkPipelined(const PipelineCase& c) {
+  at::set_num_threads(1);
+  const auto mc = pipelineModel(c);
+  const auto whole = pipelineBatch(c, mc.vocabSize);
+  const double count = whole.shift_labels.ne(-100).sum().item<double>();
+  lt::model::Model ref(mc, 3);
+  lt::compile::Executor rex(ref, lt::model::attentionCore(mc), {});
+  lt::compile::RunOptions ro;
+  ro.lossDenominator = count;
+  const double refLoss = rex.run(lt::compile::baseProgram(ref.numBlocks()), whole, ro).lossSum;
+
+  const auto base = runUlysses(c, whole, 1, count);
+  for (int groups : c.groups) {
+    const auto got = runUlysses(c, whole, groups, count);
+    EXPECT_LE(std::abs(got[0].lossSum + got[1].lossSum - refLoss) / refLoss, Tol::kSequenceParallel);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(got[r].lossSum, base[r].lossSum) << "G " << groups << " rank " << r;
+      for (size_t i = 0; i < base[r].grads.size(); ++i)
+        EXPECT_TRUE(at::equal(got[r].grads[i], base[r].grads[i]))
+            << "G " << groups << " rank " << r << " parameter " << i;
+    }
+    const auto params = ref.parameters();
+    for (size_t i = 0; i < params.size(); ++i)
+      EXPECT_LE(relErr(got[0].grads[i] + got[1].grads[i], params[i].grad()), Tol::kSequenceParallel)
+          << "G " << groups << " parameter " << i;
+  }
+}
+
+TEST(UlyssesHeadGroups, GqaTwoGroupsMatchOneGroup) {
+  checkPipelined({/*heads=*/8, /*kvHeads=*/4, false, 0, {2}});  // 2 kv heads a rank: G = 2 is all of them
+}
+
+TEST(UlyssesHeadGroups, GqaEveryKvHeadItsOwnGroup) {
+  checkPipelined({16, 8, false, 0, {2, 4}});  // 4 kv heads a rank, 2 query heads each
+}
+
+TEST(UlyssesHeadGroups, PackedDocumentsAndWindow) {
+  checkPipelined({16, 8, true, 0, {2, 4}});
+  checkPipelined({8, 4, true, 6, {2}});
+}
+
+// kv_heads < P: each rank holds one replicated kv head, which no group boundary can split.
+TEST(UlyssesHeadGroups, ReplicatedKvHeadsStayOneGroup) {
+  auto cfg = lt::testing::tinyTrainConfig();  // 4 heads, 2 kv heads
+  cfg["sequence_parallel_size"] = 4;
+  const auto parsed = lt::config::parseConfig(cfg, 4);
+  EXPECT_EQ(lt::config::ulyssesHeadGroups(parsed, parsed.layout), 1);
+  cfg["sequence_parallel_ulysses_head_groups"] = 2;
+  EXPECT_NE(lt::testing::errorOf([&] { lt::config::parseConfig(cfg, 4); })
+                .find("sequence_parallel_ulysses_head_groups=2 does not divide the 1 kv heads each Ulysses rank holds"),
+            std::string::npos);
+  // The attention function refuses it too, naming the key.
+  PipelineCase c{8, 2, false, 0, {}};
+  const auto mc = pipelineModel(c);
+  std::vector<std::string> errs(4);
+  runRanks(4, 4, [&](int r, lt::comm::Groups& g) {
+    auto attn = lt::sp::ulyssesAttention(g.sp, lt::model::attentionCore(mc), lt::sp::ulyssesPipeline(mc, 2));
+    auto q = at::randn({1, 4, 8, 8}), kv = at::randn({1, 4, 2, 8});
+    errs[r] = lt::testing::errorOf([&] { attn(q, kv, kv, at::Tensor()); });
+  });
+  for (const auto& e : errs) EXPECT_NE(e.find("sequence_parallel_ulysses_head_groups"), std::string::npos) << e;
+}
+
+TEST(UlyssesHeadGroups, ConfigResolvesAndChecks) {
+  auto cfg = lt::testing::tinyTrainConfig();
+  cfg["model"]["num_heads"] = 8;
+  cfg["model"]["num_kv_heads"] = 4;
+  cfg["sequence_parallel_size"] = 2;
+  auto groups = [](const nlohmann::json& j) {
+    const auto c = lt::config::parseConfig(j, 2);
+    return lt::config::ulyssesHeadGroups(c, c.layout);
+  };
+  EXPECT_EQ(groups(cfg), 2);  // "auto": 2 kv heads a rank
+  cfg["sequence_parallel_ulysses_head_groups"] = 1;
+  EXPECT_EQ(groups(cfg), 1);
+  cfg["sequence_parallel_ulysses_head_groups"] = 3;
+  EXPECT_NE(lt::testing::errorOf([&] { groups(cfg); }).find("choose a divisor of 2, or \"auto\""), std::string::npos);
+  cfg["sequence_parallel_ulysses_head_groups"] = "two";
+  EXPECT_NE(lt::testing::errorOf([&] { groups(cfg); }).find("must be an integer or \"auto\", got \"two\""),
+            std::string::npos);
+  cfg["sequence_parallel_ulysses_head_groups"] = "auto";
+  cfg["model"]["attention"] = "chunked";  // no fused kernel to run per group: unpipelined
+  EXPECT_EQ(groups(cfg), 1);
+}
+
+// Through the engine: "auto" (2 groups at 4 kv heads over SP 2) trains to the bits of 1 group.
+TEST(UlyssesHeadGroups, EngineAutoEqualsOneGroup) {
+  at::set_num_threads(1);
+  auto cfg = lt::testing::tinyTrainConfig();
+  cfg["model"]["num_kv_heads"] = 4;
+  cfg["sequence_parallel_size"] = 2;
+  auto one = cfg;
+  one["sequence_parallel_ulysses_head_groups"] = 1;
+  const auto expect = lt::testing::trainOnRanks(one, 2, 2, 3);
+  const auto got = lt::testing::trainOnRanks(cfg, 2, 2, 3);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(got[r].losses, expect[r].losses);
+    for (size_t i = 0; i < expect[r].params.size(); ++i)
+      EXPECT_TRUE(at::equal(got[r].params[i], expect[r].params[i])) << "rank " << r << " parameter " << i;
+  }
+}
+
+// `longtrain plan`'s declaration: the pipeline saves what the unpipelined kernel saves (per
+// group, the same tensors), and its per-group buffers shrink with G.
+TEST(UlyssesHeadGroups, PlanDeclaresThePipeline) {
+  auto cfg = lt::testing::tinyTrainConfig();
+  cfg["model"]["num_heads"] = 8;
+  cfg["model"]["num_kv_heads"] = 8;
+  cfg["sequence_parallel_size"] = 2;
+  lt::StepShape s;
+  s.batch = 1, s.seq = 4096, s.tokens = 2048, s.sp = 2, s.ulysses = 2;
+  s.heads = 8, s.kvHeads = 8, s.headDim = 16, s.hidden = 128;
+  auto footprint = [&](int groups) {
+    auto j = cfg;
+    j["sequence_parallel_ulysses_head_groups"] = groups;
+    return lt::sp::attentionFootprint(lt::config::parseConfig(j, 2), s);
+  };
+  const auto one = footprint(1), two = footprint(2), four = footprint(4);
+  EXPECT_EQ(two.saved.total(), one.saved.total());
+  EXPECT_EQ(four.saved.total(), one.saved.total());
+  EXPECT_LT(four.work.total(), two.work.total());
+  EXPECT_EQ(two.work.total(), lt::sp::ulyssesPipelineFootprint(s, 2).work.total());
 }
 
 }  // namespace

@@ -149,6 +149,9 @@ struct Config {
   // ("auto": zigzag when the ring degree > 1, "contiguous", "zigzag").
   int sequenceParallelRingDegree = 0;
   SpBalance sequenceParallelBalance = SpBalance::Auto;
+  // sequence_parallel_ulysses_head_groups: the head groups Ulysses pipelines its all-to-alls
+  // over (0: "auto"); ulyssesHeadGroups() (validate.h) resolves it.
+  int sequenceParallelUlyssesHeadGroups = 0;
   // "auto": the memory model keeps as many blocks' graphs (no recompute) as fit
   // train.memory_budget; "all": every block is recomputed in backward; "none": none is.
   Recompute activationCheckpointing = Recompute::Auto;

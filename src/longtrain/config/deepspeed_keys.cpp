@@ -124,7 +124,8 @@ const DeepSpeedKey kKeys[] = {
 };
 
 // The keys whose value "auto" longtrain reads as its own choice, not as the Trainer's blank.
-constexpr const char* kOwnAutoKeys[] = {"activation_checkpointing", "sequence_parallel_balance"};
+constexpr const char* kOwnAutoKeys[] = {"activation_checkpointing", "sequence_parallel_balance",
+                                        "sequence_parallel_ulysses_head_groups"};
 constexpr const char* kOwnSections[] = {"model", "data", "train", "compile"};
 // "auto" keys whose value derives from other keys (the rest take longtrain's default).
 constexpr const char* kBatchKeys[] = {"train_batch_size", "train_micro_batch_size_per_gpu",

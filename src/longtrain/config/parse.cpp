@@ -29,6 +29,27 @@ namespace {
 
 constexpr int64_t kBig = int64_t(1) << 50;
 
+// A key that takes "auto" besides its typed values (recorded as "auto" when it is).
+bool isAuto(JsonReader& r, const std::string& key) {
+  const json* v = r.find(key);
+  if (!v || !v->is_string() || *v != "auto") return false;
+  r.record(key, "auto");
+  return true;
+}
+
+// sequence_parallel_ulysses_head_groups: "auto" (also when absent) is 0.
+int parseHeadGroups(JsonReader& r) {
+  const std::string key = "sequence_parallel_ulysses_head_groups";
+  if (!r.find(key)) {
+    r.record(key, "auto");
+    return 0;
+  }
+  if (isAuto(r, key)) return 0;
+  LT_CHECK(!r.find(key)->is_string(), "config key '", key, "' must be an integer or \"auto\", got ",
+           r.find(key)->dump());
+  return static_cast<int>(r.getInt(key, 0, 1, 1 << 20));
+}
+
 void parseTopLevel(JsonReader& r, Config& c) {
   c.trainBatchSize = r.getInt("train_batch_size", c.trainBatchSize, 1, kBig);
   c.microBatch = r.getInt("train_micro_batch_size_per_gpu", c.microBatch, 1, kBig);
@@ -40,6 +61,7 @@ void parseTopLevel(JsonReader& r, Config& c) {
   c.sequenceParallelRingDegree =
       static_cast<int>(r.getInt("sequence_parallel_ring_degree", c.sequenceParallelRingDegree, 0, 1 << 20));
   c.sequenceParallelBalance = r.getOption("sequence_parallel_balance", c.sequenceParallelBalance);
+  c.sequenceParallelUlyssesHeadGroups = parseHeadGroups(r);
   c.activationCheckpointing = r.getOption("activation_checkpointing", c.activationCheckpointing);
   const auto* commType = r.find("communication_data_type");
   LT_CHECK(!commType || *commType != "fp16",
@@ -221,14 +243,6 @@ void parseArchitecture(JsonReader& m, ModelConfig& mc, const std::optional<HfLla
   const json* scaling = m.find("rope_scaling");
   mc.ropeScaling = scaling ? ropeScalingFromJson(*scaling, m.name("rope_scaling")) : theirs.ropeScaling;
   parseVariant(k, mc, theirs);
-}
-
-// A key that takes "auto" besides its typed values (recorded as "auto" when it is).
-bool isAuto(JsonReader& r, const std::string& key) {
-  const json* v = r.find(key);
-  if (!v || !v->is_string() || *v != "auto") return false;
-  r.record(key, "auto");
-  return true;
 }
 
 ModelConfig parseModel(JsonReader m) {

@@ -195,6 +195,26 @@ int64_t kvRecallVocabNeeded(const DataConfig& d) {
   return 2 + d.kvKeys + d.kvValues + d.kvNoise + (d.kvFused ? d.kvKeys * d.kvValues : 0);
 }
 
+// The kv heads each Ulysses rank holds after the all-to-all (replicated when fewer than U).
+static int64_t ulyssesLocalKvHeads(const Config& c, const ParallelLayout& layout) {
+  return std::max<int64_t>(c.model.kvHeads / layout.U, 1);
+}
+
+int ulyssesHeadGroups(const Config& c, const ParallelLayout& layout) {
+  if (!layout.ulyssesOnly() || layout.U == 1 || c.model.attention != AttentionKernel::Fused) return 1;
+  if (c.sequenceParallelUlyssesHeadGroups > 0) return c.sequenceParallelUlyssesHeadGroups;
+  return ulyssesLocalKvHeads(c, layout) % 2 == 0 ? 2 : 1;
+}
+
+static void checkUlyssesHeadGroups(const Config& c) {
+  const int asked = c.sequenceParallelUlyssesHeadGroups;
+  if (asked <= 1 || !c.layout.ulyssesOnly() || c.layout.U == 1) return;
+  const int64_t kv = ulyssesLocalKvHeads(c, c.layout);
+  LT_CHECK(kv % asked == 0, "sequence_parallel_ulysses_head_groups=", asked, " does not divide the ", kv,
+           " kv heads each Ulysses rank holds (model.num_kv_heads=", c.model.kvHeads, " over ", c.layout.U,
+           " ranks; groups are cut on kv-head boundaries); choose a divisor of ", kv, ", or \"auto\"");
+}
+
 ParallelLayout layoutOf(const Config& c, int world) {
   return ParallelLayout::make(world, c.sequenceParallelSize, c.model.heads, c.model.kvHeads,
                               c.sequenceParallelRingDegree, c.sequenceParallelBalance);
@@ -207,6 +227,7 @@ void validate(Config& c, int world) {
     c.layout = layoutOf(c, world);
     resolveBatch(c);
   });
+  if (laidOut) problems.attempt([&] { checkUlyssesHeadGroups(c); });
   problems.attempt([&] { checkZero(c); });
   problems.attempt([&] { checkSchedule(c); });
   problems.attempt([&] { checkData(c); });

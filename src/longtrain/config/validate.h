@@ -16,6 +16,13 @@ void validate(Config& c, int world);
 // model and the ablation ladder ask again for configs they vary).
 ParallelLayout layoutOf(const Config& c, int world);
 
+// The head groups Ulysses pipelines its all-to-alls over under `layout` (sp/ulysses.h): the
+// kv heads a rank holds after the all-to-all, max(KV / U, 1), split into G groups.
+// sequence_parallel_ulysses_head_groups, or for "auto" 2 where those kv heads are even, else 1;
+// always 1 where the pipeline does not run (no Ulysses, a ring, zigzag, a core other than
+// model.attention "fused").
+int ulyssesHeadGroups(const Config& c, const ParallelLayout& layout);
+
 // The vocabulary the built-in kv_recall task needs: BOS, padding, keys, values, noise, and
 // with fused pairs one token per (key, value).
 int64_t kvRecallVocabNeeded(const DataConfig& d);

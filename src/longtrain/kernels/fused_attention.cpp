@@ -81,56 +81,77 @@ at::Tensor transposed(const at::Tensor& x) { return x.permute({0, 2, 3, 1}).cont
 // No document mask travels as an empty tensor: autograd functions take no undefined inputs.
 const int64_t* startPtr(const at::Tensor& start) { return start.numel() > 0 ? start.data_ptr<int64_t>() : nullptr; }
 
+// What a kernel call needs besides its tensors: the document mask (empty: none), the resolved
+// tile and the build to run.
+struct Launch {
+  at::Tensor start;
+  int64_t tile = 0;
+  Isa isa = Isa::Baseline;
+  bool bf16 = false;
+};
+
+FusedAttentionResult runForward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Launch& l) {
+  trace::Scope scope("kernel", "attention forward");
+  at::NoGradGuard ng;
+  const Shape s = shapeOf(q, k, l.tile);
+  FusedAttentionResult r{at::empty_like(q), at::empty({s.B, s.H, s.S}, q.options())};
+  auto kt = transposed(k);
+  attn_detail::Forward a;
+  a.shape = s;
+  a.q = q.data_ptr<float>(), a.k = k.data_ptr<float>(), a.v = v.data_ptr<float>(), a.kt = kt.data_ptr<float>();
+  a.start = startPtr(l.start);
+  a.out = r.out.data_ptr<float>(), a.lse = r.lse.data_ptr<float>();
+  const auto kernel = kernelsFor(l.isa, l.bf16).forward;
+  const int64_t heads = s.B * s.H, tiles = s.tiles();
+  runTasks(heads * tiles, attn_detail::forwardScratch(s), [&](int64_t t, float* scratch) {
+    const int64_t bh = t % heads, qTile = tiles - 1 - t / heads;  // largest tiles first
+    kernel(a, bh / s.H, bh % s.H, qTile, scratch);
+  });
+  return r;
+}
+
+FusedAttentionGrads runBackward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const FusedAttentionResult& fwd, const at::Tensor& doutIn, const Launch& l) {
+  trace::Scope scope("kernel", "attention backward");
+  at::NoGradGuard ng;
+  const Shape s = shapeOf(q, k, l.tile);
+  auto dout = doutIn.contiguous();
+  FusedAttentionGrads g{at::zeros_like(q), at::empty_like(k), at::empty_like(v)};
+  auto kt = transposed(k), vt = transposed(v);
+  attn_detail::Backward a;
+  a.shape = s;
+  a.q = q.data_ptr<float>(), a.k = k.data_ptr<float>(), a.v = v.data_ptr<float>();
+  a.kt = kt.data_ptr<float>(), a.vt = vt.data_ptr<float>();
+  a.out = fwd.out.data_ptr<float>(), a.lse = fwd.lse.data_ptr<float>(), a.dout = dout.data_ptr<float>();
+  a.start = startPtr(l.start);
+  a.dq = g.dq.data_ptr<float>(), a.dk = g.dk.data_ptr<float>(), a.dv = g.dv.data_ptr<float>();
+  const auto kernel = kernelsFor(l.isa, l.bf16).backward;
+  runTasks(s.B * s.KV, attn_detail::backwardScratch(s),
+           [&](int64_t t, float* scratch) { kernel(a, t / s.KV, t % s.KV, scratch); });
+  return g;
+}
+
+Launch launchOf(AutogradContext* ctx) {
+  return {ctx->saved_data["start"].toTensor(), ctx->saved_data["tile"].toInt(),
+          static_cast<Isa>(ctx->saved_data["isa"].toInt()), ctx->saved_data["bf16"].toBool()};
+}
+
 struct FusedAttentionFn : torch::autograd::Function<FusedAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& start, int64_t tile, int64_t isa, bool bf16) {
-    trace::Scope scope("kernel", "attention forward");
-    at::NoGradGuard ng;
-    const Shape s = shapeOf(q, k, tile);
-    auto out = at::empty_like(q);
-    auto lse = at::empty({s.B, s.H, s.S}, q.options());
-    auto kt = transposed(k);
-    attn_detail::Forward a;
-    a.shape = s;
-    a.q = q.data_ptr<float>(), a.k = k.data_ptr<float>(), a.v = v.data_ptr<float>(), a.kt = kt.data_ptr<float>();
-    a.start = startPtr(start);
-    a.out = out.data_ptr<float>(), a.lse = lse.data_ptr<float>();
-    const auto kernel = kernelsFor(static_cast<Isa>(isa), bf16).forward;
-    const int64_t heads = s.B * s.H, tiles = s.tiles();
-    runTasks(heads * tiles, attn_detail::forwardScratch(s), [&](int64_t t, float* scratch) {
-      const int64_t bh = t % heads, qTile = tiles - 1 - t / heads;  // largest tiles first
-      kernel(a, bh / s.H, bh % s.H, qTile, scratch);
-    });
-    ctx->save_for_backward({q, k, v, out, lse});
+    auto r = runForward(q, k, v, {start, tile, static_cast<Isa>(isa), bf16});
+    ctx->save_for_backward({q, k, v, r.out, r.lse});
     ctx->saved_data["start"] = start;
     ctx->saved_data["tile"] = tile;
     ctx->saved_data["isa"] = isa;
     ctx->saved_data["bf16"] = bf16;
-    return out;
+    return r.out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    trace::Scope scope("kernel", "attention backward");
-    at::NoGradGuard ng;
     auto saved = ctx->get_saved_variables();
-    const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
-    const auto start = ctx->saved_data["start"].toTensor();
-    const Shape s = shapeOf(q, k, ctx->saved_data["tile"].toInt());
-    auto dout = grads[0].contiguous();
-    auto dq = at::zeros_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
-    auto kt = transposed(k), vt = transposed(v);
-    attn_detail::Backward a;
-    a.shape = s;
-    a.q = q.data_ptr<float>(), a.k = k.data_ptr<float>(), a.v = v.data_ptr<float>();
-    a.kt = kt.data_ptr<float>(), a.vt = vt.data_ptr<float>();
-    a.out = out.data_ptr<float>(), a.lse = lse.data_ptr<float>(), a.dout = dout.data_ptr<float>();
-    a.start = startPtr(start);
-    a.dq = dq.data_ptr<float>(), a.dk = dk.data_ptr<float>(), a.dv = dv.data_ptr<float>();
-    const auto kernel =
-        kernelsFor(static_cast<Isa>(ctx->saved_data["isa"].toInt()), ctx->saved_data["bf16"].toBool()).backward;
-    runTasks(s.B * s.KV, attn_detail::backwardScratch(s),
-             [&](int64_t t, float* scratch) { kernel(a, t / s.KV, t % s.KV, scratch); });
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    auto g = runBackward(saved[0], saved[1], saved[2], {saved[3], saved[4]}, grads[0], launchOf(ctx));
+    return {g.dq, g.dk, g.dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -168,16 +189,35 @@ int64_t backwardScratch(const Shape& s) {
 }
 }  // namespace attn_detail
 
+// A tile longer than the sequence is one tile: sized by it, not by model.attention_chunk
+// (whose scratch would otherwise be tile^2 floats).
+static Launch launchFor(const at::Tensor& q, const FusedAttentionOptions& options) {
+  const int64_t asked = options.tile > 0 ? options.tile : kDefaultTile;
+  return {options.documentStart.defined() ? options.documentStart.contiguous() : at::empty({0}, at::kLong),
+          std::min(asked, std::max(q.size(1), kDefaultTile)), options.isa, options.bf16};
+}
+
 at::Tensor fusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const FusedAttentionOptions& options) {
   checkInputs(q, k, v, options.documentStart);
-  // A tile longer than the sequence is one tile: sized by it, not by model.attention_chunk
-  // (whose scratch would otherwise be tile^2 floats).
-  const int64_t asked = options.tile > 0 ? options.tile : kDefaultTile;
-  const int64_t tile = std::min(asked, std::max(q.size(1), kDefaultTile));
-  auto start = options.documentStart.defined() ? options.documentStart.contiguous() : at::empty({0}, at::kLong);
-  return FusedAttentionFn::apply(q.contiguous(), k.contiguous(), v.contiguous(), start, tile,
-                                 static_cast<int64_t>(options.isa), options.bf16);
+  const Launch l = launchFor(q, options);
+  return FusedAttentionFn::apply(q.contiguous(), k.contiguous(), v.contiguous(), l.start, l.tile,
+                                 static_cast<int64_t>(l.isa), l.bf16);
+}
+
+FusedAttentionResult fusedAttentionForward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           const FusedAttentionOptions& options) {
+  checkInputs(q, k, v, options.documentStart);
+  return runForward(q.contiguous(), k.contiguous(), v.contiguous(), launchFor(q, options));
+}
+
+FusedAttentionGrads fusedAttentionBackward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           const FusedAttentionResult& forward, const at::Tensor& dout,
+                                           const FusedAttentionOptions& options) {
+  LT_CHECK(forward.out.sizes() == q.sizes() && dout.sizes() == q.sizes() && forward.out.is_contiguous() &&
+               forward.lse.is_contiguous() && forward.lse.numel() == q.size(0) * q.size(2) * q.size(1),
+           "fused attention backward: out, lse and dout must be fusedAttentionForward's for q ", q.sizes());
+  return runBackward(q.contiguous(), k.contiguous(), v.contiguous(), forward, dout, launchFor(q, options));
 }
 
 bool fusedAttentionBf16Supported() { return isaSupported(Isa::Avx512Bf16); }

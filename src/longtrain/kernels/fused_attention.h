@@ -36,4 +36,22 @@ bool fusedAttentionBf16Supported();
 at::Tensor fusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const FusedAttentionOptions& options = {});
 
+// The kernel's forward and backward without autograd, for a caller that runs it piecewise
+// inside its own autograd Function (sp/ulysses.cpp, one head group at a time). Each head's
+// output, log-sum-exp and gradients depend on that head (and its kv head) alone, so running
+// the heads in groups gives the bits of one call on all of them.
+struct FusedAttentionResult {
+  at::Tensor out;  // [B, S, H, Dh]
+  at::Tensor lse;  // [B, H, S]: the row log-sum-exps backward needs
+};
+struct FusedAttentionGrads {
+  at::Tensor dq, dk, dv;
+};
+FusedAttentionResult fusedAttentionForward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           const FusedAttentionOptions& options = {});
+// dout: the gradient of `out`; q, k, v, out, lse as forward took and gave them.
+FusedAttentionGrads fusedAttentionBackward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           const FusedAttentionResult& forward, const at::Tensor& dout,
+                                           const FusedAttentionOptions& options = {});
+
 }  // namespace lt::kernels

@@ -109,6 +109,13 @@ bool attentionInBf16(const ModelConfig& c) {
          fusedAttentionBf16Supported();
 }
 
+FusedAttentionOptions fusedAttentionOptions(const ModelConfig& cfg) {
+  FusedAttentionOptions o;
+  o.tile = cfg.attentionChunk;
+  o.bf16 = attentionInBf16(cfg);
+  return o;
+}
+
 AttentionFn attentionCore(const ModelConfig& cfg) {
   const int64_t tile = cfg.attentionChunk, window = cfg.slidingWindow;
   if (cfg.attention == config::AttentionKernel::Naive)
@@ -122,10 +129,8 @@ AttentionFn attentionCore(const ModelConfig& cfg) {
     };
   LT_CHECK(cfg.attention == config::AttentionKernel::Fused, "model.attention=\"", cfg.attention,
            "\" is not one of \"fused\", \"chunked\", \"naive\"");
-  FusedAttentionOptions o;
-  o.tile = tile;
-  o.bf16 = attentionInBf16(cfg);
-  return [o, window](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pos) {
+  return [o = fusedAttentionOptions(cfg), window](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                  const at::Tensor& pos) {
     if (!pos.defined() && window == 0) return fusedAttention(q, k, v, o);
     FusedAttentionOptions masked = o;
     masked.documentStart = firstVisibleKey(pos, q.size(0), q.size(1), window);

@@ -48,6 +48,9 @@ bool attentionInBf16(const ModelConfig& c);
 // The attention core cfg.attention names, with its tile (cfg.attentionChunk) and the sliding
 // window (cfg.slidingWindow, by sequence index: the core sees the whole sequence).
 AttentionFn attentionCore(const ModelConfig& cfg);
+// The fused core's kernel options (its tile, bf16 products): attentionCore's and those of
+// Ulysses' pipelined path, which runs the kernel itself per head group (sp/ulysses.h).
+FusedAttentionOptions fusedAttentionOptions(const ModelConfig& cfg);
 
 // Plain causal attention with GQA (KV heads repeated to H). Materializes [B, H, S, S]. With
 // packedPositions, block-diagonal causal over the documents they mark.

@@ -13,5 +13,8 @@ Footprint attentionFootprint(const config::Config& c, const StepShape& s);
 Footprint ringAttentionFootprint(const StepShape& s);  // RingFn
 // Ulysses' all-to-alls (seqToHeads/headsToSeq) around a core: their backward's buffers.
 Footprint ulyssesFootprint(const StepShape& s);
+// The pipelined Ulysses attention over `groups` head groups (PipelinedUlyssesFn): the fused
+// kernel and the all-to-alls together, in place of the two above.
+Footprint ulyssesPipelineFootprint(const StepShape& s, int groups);
 
 }  // namespace lt::sp

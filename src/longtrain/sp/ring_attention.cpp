@@ -274,10 +274,11 @@ at::Tensor ringAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses, std::shared_ptr<comm::Comm> ring,
                                              const ParallelLayout& layout, int spRank, model::AttentionFn core,
-                                             int64_t chunk, double* computeSeconds, int64_t window) {
+                                             int64_t chunk, double* computeSeconds, int64_t window,
+                                             const UlyssesPipeline& pipeline) {
   LT_ASSERT((layout.U == 1) == (!ulysses || ulysses->size() == 1) && (layout.R == 1) == (!ring || ring->size() == 1));
   LT_ASSERT(layout.spRankOf(ring ? ring->rank() : 0, ulysses ? ulysses->rank() : 0) == spRank);
-  if (layout.ulyssesOnly()) return ulyssesAttention(ulysses, core);
+  if (layout.ulyssesOnly()) return ulyssesAttention(ulysses, core, pipeline);
   if (layout.U == 1) ulysses = nullptr;
   if (layout.R == 1) ring = nullptr;
   return [ulysses, ring, layout, chunk, computeSeconds, window](const at::Tensor& q, const at::Tensor& k,
@@ -339,10 +340,13 @@ Footprint ringAttentionFootprint(const StepShape& s) {
   return f;
 }
 
-// As sequenceParallelAttention chooses: Ulysses alone around the model's core, else the ring
-// kernel, with Ulysses' all-to-alls around it where U > 1 (their outputs q, k, v are saved).
+// As sequenceParallelAttention chooses: Ulysses alone around the model's core (pipelined over
+// head groups with the fused core), else the ring kernel, with Ulysses' all-to-alls around it
+// where U > 1 (their outputs q, k, v are saved).
 Footprint attentionFootprint(const config::Config& c, const StepShape& s) {
   const ParallelLayout layout = config::layoutOf(c, c.sequenceParallelSize);
+  const int groups = config::ulyssesHeadGroups(c, layout);
+  if (groups > 1) return ulyssesPipelineFootprint(s, groups);
   Footprint f;
   if (layout.ulyssesOnly()) {
     f = model::attentionCoreFootprint(c.model, s, layout.P > 1);

@@ -19,6 +19,7 @@
 #include "longtrain/comm/comm.h"
 #include "longtrain/model/model.h"
 #include "longtrain/sp/layout.h"
+#include "longtrain/sp/ulysses.h"
 
 namespace lt::sp {
 
@@ -40,12 +41,13 @@ at::Tensor ringAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 // The attention function for SP under `layout`: Ulysses all-to-alls over the `ulysses` group
 // (U ranks; null when U = 1), ring attention over the `ring` group (R ranks; null when R = 1).
-// With layout.ulyssesOnly() it is ulyssesAttention(ulysses, core), unchanged.
+// With layout.ulyssesOnly() it is ulyssesAttention(ulysses, core, pipeline); other layouts
+// leave `pipeline` unused (the ring kernel is the core).
 // `spRank` is this rank's rank in the SP group; `chunk` the ring kernel's block edge (0: 256);
 // `window` the sliding window (0: none; Ulysses-only layouts leave it to `core`).
 model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses, std::shared_ptr<comm::Comm> ring,
                                              const ParallelLayout& layout, int spRank, model::AttentionFn core,
                                              int64_t chunk = 0, double* computeSeconds = nullptr,
-                                             int64_t window = 0);
+                                             int64_t window = 0, const UlyssesPipeline& pipeline = {});
 
 }  // namespace lt::sp

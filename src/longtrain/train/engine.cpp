@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "longtrain/ckpt/hf_llama.h"
+#include "longtrain/config/validate.h"
 #include "longtrain/core/check.h"
 #include "longtrain/core/cpu.h"
 #include "longtrain/core/memory.h"
@@ -183,7 +184,9 @@ void Engine::buildExecutor() {
   model::AttentionFn attn = groups_.sp->size() > 1
                                 ? sp::sequenceParallelAttention(groups_.spUlysses, groups_.spRing, cfg_.layout,
                                                                 groups_.sp->rank(), core, cfg_.model.attentionChunk,
-                                                                nullptr, cfg_.model.slidingWindow)
+                                                                nullptr, cfg_.model.slidingWindow,
+                                                                sp::ulyssesPipeline(model_->config(),
+                                                                                    config::ulyssesHeadGroups(cfg_, cfg_.layout)))
                                 : core;
   exec_ = std::make_unique<compile::Executor>(*model_, attn, std::move(hooks), offload_.get());
 }
