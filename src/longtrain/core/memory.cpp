@@ -84,6 +84,15 @@ int64_t allocatorFreeBytes() {
   return static_cast<int64_t>(v);
 }
 
+bool decommitFreedMemory() {
+  using SetProperty = int (*)(const char*, size_t);
+  auto set = reinterpret_cast<SetProperty>(dlsym(RTLD_DEFAULT, "MallocExtension_SetNumericProperty"));
+  auto release = reinterpret_cast<void (*)()>(dlsym(RTLD_DEFAULT, "MallocExtension_ReleaseFreeMemory"));
+  if (!set || !set("tcmalloc.aggressive_memory_decommit", 1)) return false;
+  if (release) release();  // what start-up freed
+  return true;
+}
+
 std::string allocatorName() {
   if (dlsym(RTLD_DEFAULT, "tc_version")) return "tcmalloc";
   if (dlsym(RTLD_DEFAULT, "mallctl")) return "jemalloc";

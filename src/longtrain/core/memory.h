@@ -15,6 +15,11 @@ std::string allocatorName();
 // Bytes of this process's resident memory the allocator holds free for any later allocation to
 // reuse before RSS grows (tcmalloc's page heap); -1 under another allocator.
 int64_t allocatorFreeBytes();
+// From now on the allocator returns each freed span's pages to the OS at once (tcmalloc's
+// aggressive decommit), so the resident set follows the bytes in use and a span that later
+// requests split cannot pile up; a reallocation faults its pages in again. False under another
+// allocator.
+bool decommitFreedMemory();
 // Memory one of `localRanks` ranks on this host may use: the smaller of MemAvailable and
 // the cgroup's limit (v2 memory.max, v1 limit_in_bytes) less the cgroup's current use,
 // divided among the local ranks; -1 where /proc/meminfo cannot be read.

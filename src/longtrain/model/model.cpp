@@ -250,7 +250,9 @@ Model::Qkv Model::projectQkv(const Block& k, const at::Tensor& h) const {
     const auto parts = qkv.split_with_sizes({qDim, kvDim, kvDim}, -1);
     r.q = parts[0].reshape({B, S, H, Dh});
     r.k = parts[1].reshape({B, S, KV, Dh});
-    r.v = parts[2].reshape({B, S, KV, Dh});
+    // v contiguous now (every core copies it anyway): a view would keep the whole [B, S, q + 2 kv]
+    // GEMM output alive until the block returns, through its attention and MLP.
+    r.v = parts[2].reshape({B, S, KV, Dh}).contiguous();
   } else {
     auto project = [&](const at::Tensor& w, const at::Tensor& bias) {
       auto y = linear(h, w, gemm);

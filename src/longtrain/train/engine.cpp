@@ -116,6 +116,11 @@ Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg
   k.bf16Attention = model::attentionInBf16(plan_.model(cfg_.model));
   k.packedDocuments = cfg_.data.packing == config::Packing::Documents;
   plan_.memoryBudget = plan::memoryBudgetFor(cfg_, opts.localRanks > 0 ? opts.localRanks : groups_.world->size());
+  // A budget the user set binds the resident set: without decommit, spans a step frees and
+  // later requests split stay resident and pile up over steps (bench/max_seq_peer.json at 16,870
+  // tokens, 768 MiB: 773.8 then 822.3 MiB, tcmalloc's free bytes 237 then 286 MiB; with it
+  // 769.4, 769.7, 769.7 and 0 free). Process-wide: ranks that are threads share it.
+  if (cfg_.train.memoryBudget > 0) decommitFreedMemory();
   chooseTiling();  // before the model: it is built with the tiling
   // With init_from the weights come from its safetensors (loadInitialWeights, below).
   model_ = std::make_unique<model::Model>(plan_.model(cfg_.model), cfg_.seed, /*initialize=*/cfg_.model.initFrom.empty());
