@@ -230,7 +230,7 @@ at::Tensor toBf16InPlace(const at::Tensor& x, Isa isa) {
 double sumOfSquares(const at::Tensor& x) {
   LT_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "sumOfSquares: expected a contiguous fp32 tensor, got ",
            x.scalar_type(), x.is_contiguous() ? "" : " (not contiguous)");
-  constexpr int64_t kBlock = 16384, kLanes = 8;  // kLanes independent sums: the loop vectorizes without reassociating
+  constexpr int64_t kBlock = 16384, kLanes = 8;  // independent sums: a compiler may vectorize them as they are
   const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
   const float* p = x.data_ptr<float>();
   std::vector<double> partial(blocks);
