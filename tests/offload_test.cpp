@@ -273,8 +273,7 @@ TEST(ActivationOffload, KeptGraphsStayAndTheRecomputedBlocksGo) {
   cfg.activationCheckpointing = lt::config::Recompute::Auto;
   j["activation_checkpointing"] = "auto";
   // 2 graphs fit (their predicted peak within fitBytes of the budget), 3 do not.
-  j["train"]["memory_budget"] =
-      static_cast<int64_t>(static_cast<double>(lt::plan::predictPeak(cfg, 1, 2).total()) / (1 - lt::plan::kFitMargin)) + 2;
+  j["train"]["memory_budget"] = lt::plan::leastBudgetFitting(lt::plan::predictPeak(cfg, 1, 2).total());
   auto two = trainTrace(j, 1, 1, 1);
   EXPECT_NE(two.program.find("Forward(0)\nOffloadActivation(0)\nForward(1)\nForwardGraph(2)"), std::string::npos)
       << two.program;

@@ -201,7 +201,7 @@ TEST(Plan, CommandPrintsBreakdownAndLadder) {
   auto r = sh(kBin + " plan " + cfg + " --set model.attention_chunk=128");
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* k : {"baseline (process)", "parameters", "gradients", "optimizer states", "kept activations",
-                        "transient", "allocator retained", "total"})
+                        "transient", "allocator retained", "total", "fits a budget of"})
     EXPECT_NE(r.out.find(k), std::string::npos) << k << "\n" << r.out;
   auto m = sh(kBin + " plan " + cfg + " --max-seq 1GiB");
   ASSERT_EQ(m.code, 0) << m.out;

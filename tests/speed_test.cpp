@@ -200,31 +200,23 @@ TEST(ActivationCheckpointing, KeptGraphsBitIdenticalUnderZero3AndSuperOffload) {
   expectRecomputeNeutral(j, 2, 1);
 }
 
-// The least budget a predicted peak fits: the peak within fitBytes (the model's accuracy margin).
-int64_t budgetFitting(int64_t peak) {
-  auto b = static_cast<int64_t>(static_cast<double>(peak) / (1 - lt::plan::kFitMargin));
-  while (lt::plan::fitBytes(b) < peak) ++b;
-  while (lt::plan::fitBytes(b - 1) >= peak) --b;
-  return b;
-}
-
 TEST(ActivationCheckpointing, AutoKeepsWhatTheBudgetHolds) {
   json j = lt::testing::tinyTrainConfig();
   j["model"]["num_layers"] = 4;
   auto cfg = lt::config::parseConfig(j, 1);
   const int64_t all = lt::plan::predictPeak(cfg, 1, 0).total(), none = lt::plan::predictPeak(cfg, 1, 4).total();
   ASSERT_LT(all, none);  // each kept graph costs memory
-  EXPECT_EQ(lt::plan::graphBlocksFor(cfg, 1, budgetFitting(none)), 4);
-  EXPECT_EQ(lt::plan::graphBlocksFor(cfg, 1, budgetFitting(none) - 1), 3);
+  EXPECT_EQ(lt::plan::graphBlocksFor(cfg, 1, lt::plan::leastBudgetFitting(none)), 4);
+  EXPECT_EQ(lt::plan::graphBlocksFor(cfg, 1, lt::plan::leastBudgetFitting(none) - 1), 3);
   EXPECT_LT(lt::plan::graphBlocksFor(cfg, 1, none), 4);  // the peak itself as the budget leaves no margin
   // At the all-recompute peak, as many graphs as leave the peak where it is (keeping the
   // last block's graph can cost nothing when the peak lies in an earlier phase).
   int atAll = 0;
   while (atAll < 4 && lt::plan::predictPeak(cfg, 1, atAll + 1).total() <= all) ++atAll;
-  EXPECT_EQ(lt::plan::graphBlocksFor(cfg, 1, budgetFitting(all)), atAll);
+  EXPECT_EQ(lt::plan::graphBlocksFor(cfg, 1, lt::plan::leastBudgetFitting(all)), atAll);
   EXPECT_LT(atAll, 4);
   EXPECT_EQ(lt::plan::graphBlocksFor(cfg, 1, all / 2), 0);  // nothing fits: recompute everything
-  const int64_t twoBudget = budgetFitting(lt::plan::predictPeak(cfg, 1, 2).total());
+  const int64_t twoBudget = lt::plan::leastBudgetFitting(lt::plan::predictPeak(cfg, 1, 2).total());
   EXPECT_EQ(lt::plan::graphBlocksFor(cfg, 1, twoBudget), 2);
   // The engine takes the choice; its program keeps the last blocks' graphs.
   j["train"]["memory_budget"] = twoBudget;

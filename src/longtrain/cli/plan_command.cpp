@@ -41,6 +41,8 @@ void printBreakdown(const plan::MemoryBreakdown& m) {
       {"allocator retained", m.retained}};
   for (const auto& [name, b] : rows) std::printf("  %-20s %10.1f\n", name, mib(b));
   std::printf("  %-20s %10.1f\n", "total", mib(m.total()));
+  std::printf("  %-20s %10.1f (the least train.memory_budget this layout fits, the total within %.0f%% of it)\n",
+              "fits a budget of", mib(plan::leastBudgetFitting(m.total())), 100 * (1 - plan::kFitMargin));
   if (m.offloaded > 0) std::printf("  %-20s %10.1f (train.offload_dir, not in the total)\n", "offloaded to disk", mib(m.offloaded));
 }
 

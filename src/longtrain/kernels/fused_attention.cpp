@@ -131,9 +131,12 @@ FusedAttentionGrads runBackward(const at::Tensor& q, const at::Tensor& k, const 
   return g;
 }
 
-Launch launchOf(AutogradContext* ctx) {
-  return {ctx->saved_data["start"].toTensor(), ctx->saved_data["tile"].toInt(),
-          static_cast<Isa>(ctx->saved_data["isa"].toInt()), ctx->saved_data["bf16"].toBool()};
+// A tile longer than the sequence is one tile: sized by it, not by model.attention_chunk
+// (whose scratch would otherwise be tile^2 floats).
+Launch launchFor(const at::Tensor& q, const FusedAttentionOptions& options) {
+  const int64_t asked = options.tile > 0 ? options.tile : kDefaultTile;
+  return {options.documentStart.defined() ? options.documentStart.contiguous() : at::empty({0}, at::kLong),
+          std::min(asked, std::max(q.size(1), kDefaultTile)), options.isa, options.bf16};
 }
 
 struct FusedAttentionFn : torch::autograd::Function<FusedAttentionFn> {
@@ -141,16 +144,14 @@ struct FusedAttentionFn : torch::autograd::Function<FusedAttentionFn> {
                             const at::Tensor& start, int64_t tile, int64_t isa, bool bf16) {
     auto r = runForward(q, k, v, {start, tile, static_cast<Isa>(isa), bf16});
     ctx->save_for_backward({q, k, v, r.out, r.lse});
-    ctx->saved_data["start"] = start;
-    ctx->saved_data["tile"] = tile;
-    ctx->saved_data["isa"] = isa;
-    ctx->saved_data["bf16"] = bf16;
+    saveOptions(ctx, start, tile, static_cast<Isa>(isa), bf16);
     return r.out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    auto g = runBackward(saved[0], saved[1], saved[2], {saved[3], saved[4]}, grads[0], launchOf(ctx));
+    auto g = runBackward(saved[0], saved[1], saved[2], {saved[3], saved[4]}, grads[0],
+                         launchFor(saved[0], savedOptions(ctx)));
     return {g.dq, g.dk, g.dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -189,14 +190,6 @@ int64_t backwardScratch(const Shape& s) {
 }
 }  // namespace attn_detail
 
-// A tile longer than the sequence is one tile: sized by it, not by model.attention_chunk
-// (whose scratch would otherwise be tile^2 floats).
-static Launch launchFor(const at::Tensor& q, const FusedAttentionOptions& options) {
-  const int64_t asked = options.tile > 0 ? options.tile : kDefaultTile;
-  return {options.documentStart.defined() ? options.documentStart.contiguous() : at::empty({0}, at::kLong),
-          std::min(asked, std::max(q.size(1), kDefaultTile)), options.isa, options.bf16};
-}
-
 at::Tensor fusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const FusedAttentionOptions& options) {
   checkInputs(q, k, v, options.documentStart);
@@ -218,6 +211,23 @@ FusedAttentionGrads fusedAttentionBackward(const at::Tensor& q, const at::Tensor
                forward.lse.is_contiguous() && forward.lse.numel() == q.size(0) * q.size(2) * q.size(1),
            "fused attention backward: out, lse and dout must be fusedAttentionForward's for q ", q.sizes());
   return runBackward(q.contiguous(), k.contiguous(), v.contiguous(), forward, dout, launchFor(q, options));
+}
+
+void saveOptions(AutogradContext* ctx, const at::Tensor& start, int64_t tile, Isa isa, bool bf16) {
+  ctx->saved_data["start"] = start;
+  ctx->saved_data["tile"] = tile;
+  ctx->saved_data["isa"] = static_cast<int64_t>(isa);
+  ctx->saved_data["bf16"] = bf16;
+}
+
+FusedAttentionOptions savedOptions(AutogradContext* ctx) {
+  FusedAttentionOptions o;
+  const auto start = ctx->saved_data["start"].toTensor();
+  if (start.numel() > 0) o.documentStart = start;
+  o.tile = ctx->saved_data["tile"].toInt();
+  o.isa = static_cast<Isa>(ctx->saved_data["isa"].toInt());
+  o.bf16 = ctx->saved_data["bf16"].toBool();
+  return o;
 }
 
 bool fusedAttentionBf16Supported() { return isaSupported(Isa::Avx512Bf16); }

@@ -13,6 +13,10 @@
 
 #include "longtrain/kernels/isa.h"
 
+namespace torch::autograd {
+struct AutogradContext;
+}
+
 namespace lt::kernels {
 
 struct FusedAttentionOptions {
@@ -53,5 +57,11 @@ FusedAttentionResult fusedAttentionForward(const at::Tensor& q, const at::Tensor
 FusedAttentionGrads fusedAttentionBackward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            const FusedAttentionResult& forward, const at::Tensor& dout,
                                            const FusedAttentionOptions& options = {});
+
+// The options' round trip through an autograd Function's context, for a Function that runs the
+// kernels: its forward saves them (`start` empty when there is no mask, as the Function's
+// arguments carry it), its backward reads them back.
+void saveOptions(torch::autograd::AutogradContext* ctx, const at::Tensor& start, int64_t tile, Isa isa, bool bf16);
+FusedAttentionOptions savedOptions(torch::autograd::AutogradContext* ctx);
 
 }  // namespace lt::kernels

@@ -57,6 +57,13 @@ constexpr double kFitMargin = 0.03;
 inline int64_t fitBytes(int64_t budgetBytes) {
   return static_cast<int64_t>((1 - kFitMargin) * static_cast<double>(budgetBytes));
 }
+// fitBytes' inverse: the least budget a predicted peak of `peakBytes` fits.
+inline int64_t leastBudgetFitting(int64_t peakBytes) {
+  auto b = static_cast<int64_t>(static_cast<double>(peakBytes) / (1 - kFitMargin));
+  while (fitBytes(b) < peakBytes) ++b;
+  while (fitBytes(b - 1) >= peakBytes) --b;
+  return b;
+}
 
 // activation_checkpointing's choice: how many of the last blocks keep their graph. "all": 0;
 // "none": every block; "auto": the most whose predicted peak fits `budgetBytes` (0 when even

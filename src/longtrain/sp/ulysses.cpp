@@ -149,16 +149,6 @@ at::Tensor packed(const HeadGroups& h, const at::Tensor& q, const at::Tensor& k,
   return out;
 }
 
-kernels::FusedAttentionOptions optionsOf(AutogradContext* ctx) {
-  kernels::FusedAttentionOptions o;
-  const auto start = ctx->saved_data["start"].toTensor();
-  if (start.numel() > 0) o.documentStart = start;
-  o.tile = ctx->saved_data["tile"].toInt();
-  o.isa = static_cast<kernels::Isa>(ctx->saved_data["isa"].toInt());
-  o.bf16 = ctx->saved_data["bf16"].toBool();
-  return o;
-}
-
 // q [B, s, H, D], k and v [B, s, KV, D] (KV >= P) -> [B, s, H, D]; saves per group what
 // FusedAttentionFn saves (q, k, v, out, lse), so the saved bytes are the unpipelined kernel's.
 struct PipelinedUlyssesFn : torch::autograd::Function<PipelinedUlyssesFn> {
@@ -168,14 +158,11 @@ struct PipelinedUlyssesFn : torch::autograd::Function<PipelinedUlyssesFn> {
     at::NoGradGuard ng;
     ctx->saved_data["comm"] = commPtr;
     ctx->saved_data["groups"] = groups;
-    ctx->saved_data["start"] = start;
-    ctx->saved_data["tile"] = tile;
-    ctx->saved_data["isa"] = isa;
-    ctx->saved_data["bf16"] = bf16;
+    kernels::saveOptions(ctx, start, tile, static_cast<kernels::Isa>(isa), bf16);
     comm::Comm* sp = commOf(ctx);
     const auto q = qIn.contiguous(), k = kIn.contiguous(), v = vIn.contiguous();
     const HeadGroups h = headGroupsOf(q, k, sp->size(), groups);
-    const auto options = optionsOf(ctx);
+    const auto options = kernels::savedOptions(ctx);
     auto send = [&](int64_t g) {
       return exchange(sp, packed(h, h.toSend(q, g, h.hq), h.toSend(k, g, h.hkv), h.toSend(v, g, h.hkv)));
     };
@@ -203,7 +190,7 @@ struct PipelinedUlyssesFn : torch::autograd::Function<PipelinedUlyssesFn> {
     const auto dout = grads[0].contiguous();  // [B, s, H, D]
     const int64_t G = ctx->saved_data["groups"].toInt(), P = sp->size();
     const HeadGroups h{P, G, dout.size(0), dout.size(1), dout.size(3), saved[0].size(2), saved[1].size(2)};
-    const auto options = optionsOf(ctx);
+    const auto options = kernels::savedOptions(ctx);
     auto dq = at::empty_like(dout), dk = at::empty({h.B, h.s, P * G * h.hkv, h.D}, dout.options());
     auto dv = at::empty_like(dk);
     auto landGrads = [&](int64_t g, const at::Tensor& recv) {
