@@ -230,11 +230,11 @@ at::Tensor Executor::lossAndGrad(const at::Tensor& h, const at::Tensor& shiftLab
 // kv_recall's samples as vectors while collating.
 double batchBytes(const StepShape& s) { return 48 * s.batch * s.seq; }
 
-// RecomputeBackward and Backward: the block's output y and the upstream gradient r.grad;
-// LossAndGrad in tiles: the gradient of its input, assembled tile by tile.
+// RecomputeBackward and Backward: the upstream gradient r.grad (backwardReleasing has dropped
+// the block's output); LossAndGrad in tiles: the gradient of its input, assembled tile by tile.
 TensorBytes executorWork(OpCode op, const StepShape& s) {
   TensorBytes t;
-  if (op == OpCode::RecomputeBackward || op == OpCode::Backward) t.add(2, s.rows(s.hidden));
+  if (op == OpCode::RecomputeBackward || op == OpCode::Backward) t.add(1, s.rows(s.hidden));
   if (op == OpCode::LossAndGrad && s.lossTile < s.tokens) t.add(1, s.rows(s.hidden));
   return t;
 }

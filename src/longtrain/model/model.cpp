@@ -426,10 +426,13 @@ BlockFootprint blockFootprint(const ModelConfig& m, const StepShape& s, const Fo
     a.saved.add(fused ? 2 : 3, uD);
   } else if (s.sp == 1) {
     // The fused core saves the rotations q and k, v made contiguous and its output, which
-    // o_proj reads in place: 4 uKV, and the norm's output (measured on row 30 with 4 layers:
-    // 16.2 MiB a block at 8192 tokens with its output, 7 [B, S, D] + the output counted).
+    // o_proj reads in place: 2 uQ + 2 uKV, and the norm's output. Measured: row 30 (MHA, 4
+    // layers) 16.2 MiB a block at 8192 tokens with its output, 7 [B, S, D] + the output
+    // counted; bench/max_seq_peer.json (8 query, 4 kv heads) 49.9 MiB a graph at 8192 tokens
+    // without its output, 49.9 counted.
     a.saved.add(fused ? 1 : 2, uD);
-    a.saved.add(4, uKV);
+    a.saved.add(2, uQ);
+    a.saved.add(2, uKV);
   } else if (s.ring == 1) {
     // Ulysses: the core saves the all-to-alls' outputs (its own footprint); the rotations and
     // the GEMM's output are freed with the forward, and o_proj saves headsToSeq's output. Measured

@@ -139,7 +139,7 @@ struct StepTerms {
 
 // A block's backward (recompute or kept graph: the same working set) runs its halves in turn:
 // the MLP's over everything the block saved, then the attention's over what attention saved.
-// The executor holds the block's output and the upstream gradient throughout.
+// The executor holds the upstream gradient throughout (compile::executorWork).
 void addBlockTerms(const config::Config& c, StepTerms& t) {
   const model::BlockFootprint b = model::blockFootprint(c.model, t.s, sp::attentionFootprint(c, t.s));
   const TensorBytes exec = compile::executorWork(compile::OpCode::RecomputeBackward, t.s);
