@@ -375,22 +375,19 @@ int walkProgram(const compile::Program& prog, const StepTerms& t, std::vector<Ph
 // `walkLargest`: the largest tensor the program's phases free (a span that size is free after them).
 void addZeroPhases(const config::Config& c, const StepTerms& t, std::vector<Phase>& phases, double walkLargest) {
   const Counts& d = t.n;
-  // A bucket completes (ShardedOptimizer::onBucket): its full gradients, a piece's [W, run] send
-  // buffer (at most reduce_bucket_size elements), one padded gradient, and (W > 1) the
-  // all-to-all's receive buffer (Comm::reduceScatter). Reduce-scatters still in flight when
-  // compute is short are not counted.
-  const double piece = std::min(t.sgFull, std::max(static_cast<double>(c.zero.reduceBucketSize), d.maxParam));
+  // Reduce-scatters still in flight when compute is short are not counted.
+  const Footprint bucket =
+      zero::bucketReduceFootprint(t.sgFull, static_cast<double>(c.zero.reduceBucketSize), d.maxParam, d.W);
   Phase p;
   p.params = t.params;
   p.grads = t.grads;
-  p.transient.add(1, t.sgFull * kF);
-  p.transient.add(d.W > 1 ? 2 : 1, piece * kF);
-  p.transient.add(1, d.maxParam * kF);
+  p.transient.add(bucket.saved);
+  p.transient.add(bucket.work);
   // It runs after the backward, on the pages the step's peak left, fragmented: a buffer larger
   // than any tensor the program freed finds no free span and is mapped on top (row 29: RSS grew
   // 4.5 MiB past the loss's peak there with 12 MiB fewer bytes in use, VmHWM 9.8).
-  for (const double each : {piece * kF, d.maxParam * kF})
-    if (each > walkLargest) p.abovePeak += (each == piece * kF && d.W > 1 ? 2 : 1) * each;
+  for (const auto& buffer : bucket.work.terms)
+    if (buffer.each > walkLargest) p.abovePeak += buffer.count * buffer.each;
   p.optim = t.optim;
   p.acts.add(1, t.batch);
   p.name = "ZeRO gradient reduce-scatter";
@@ -399,8 +396,7 @@ void addZeroPhases(const config::Config& c, const StepTerms& t, std::vector<Phas
   o.params = t.params;  // stages 1 and 2 then all-gather the masters, two runs in flight
   o.grads = t.grads;
   o.optim = t.optim;
-  if (!t.z3)
-    o.transient.add(2, std::min(d.N, std::max(static_cast<double>(c.zero.allgatherBucketSize), d.maxParam)) * kF);
+  if (!t.z3) o.transient.add(zero::masterGatherFootprint(d.N, static_cast<double>(c.zero.allgatherBucketSize), d.maxParam));
   o.name = "optimizer step";
   phases.push_back(o);
   Phase i;  // construction: the whole model exists before the sharded optimizer partitions it

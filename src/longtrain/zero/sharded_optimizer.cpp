@@ -363,7 +363,7 @@ comm::Work ShardedOptimizer::issue(comm::Work w) {
 
 // Stages 1 and 2: every rank's updated master chunks (bf16 copies for bf16 parameters),
 // all-gathered run by run (one in flight while the previous one is copied out) into the full
-// parameters.
+// parameters. Its bytes: zero::masterGatherFootprint.
 void ShardedOptimizer::gatherReplicas() {
   const int W = world_->size();
   struct InFlight {
@@ -420,6 +420,7 @@ void ShardedOptimizer::finishBackward(bool boundary) {
   pollReduces(false);
 }
 
+// Its bytes: zero::bucketReduceFootprint.
 void ShardedOptimizer::onBucket(int sgId, std::vector<GradItem>& items) {
   if (o_.stage == 0) return allReduceInPlace(sgId);
   const int W = world_->size();
