@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <tuple>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -23,37 +24,88 @@ TEST(OneDnnGemm, ComputesRightAgainstADoubleLoop) {
   EXPECT_LE(lt::train::gemmRelativeError(lt::kernels::GemmRoute::OneDnn), Tol::kBlasKernel);
 }
 
-// Forward and both gradients equal at::linear's at odd shapes, with leading dims, a
-// non-contiguous input, and an input that needs no gradient.
-TEST(OneDnnGemm, LinearEqualsATenForwardAndBackward) {
-  struct Case {
-    std::vector<int64_t> x;
-    int64_t n;
-    bool transposed;
-  };
-  const std::vector<Case> cases = {{{1, 1}, 1, false},    {{7, 13}, 5, false},    {{2, 7, 13}, 5, false},
-                                   {{3, 33, 64}, 129, false}, {{2, 65, 256}, 704, false}, {{2, 31, 48}, 17, true}};
+struct LinearCase {
+  std::vector<int64_t> x;
+  int64_t n;
+  bool transposed;
+};
+// Odd shapes, leading dims, a non-contiguous input, and (last) a weight gradient over 4096
+// tokens, more than one of OpenBLAS's blocks of k.
+const std::vector<LinearCase> kLinearCases = {{{1, 1}, 1, false},          {{7, 13}, 5, false},
+                                              {{2, 7, 13}, 5, false},      {{3, 33, 64}, 129, false},
+                                              {{2, 65, 256}, 704, false},  {{2, 31, 48}, 17, true},
+                                              {{4, 1024, 64}, 384, false}};
+
+// y, dx (undefined without inputGrad) and dw of `linear` at case c, seeded the same every call.
+template <class Linear>
+std::vector<at::Tensor> linearGrads(const LinearCase& c, bool inputGrad, const Linear& linear) {
   at::manual_seed(7);
-  for (const auto& c : cases) {
-    auto x = at::randn(c.x);
-    if (c.transposed) x = at::randn({c.x[0], c.x[2], c.x[1]}).transpose(1, 2);  // same shape, strided
-    const auto w = at::randn({c.n, c.x.back()});
-    const auto dy = at::randn([&] { auto s = c.x; s.back() = c.n; return s; }());
-    auto grads = [&](bool oneDnn, bool inputGrad) {
-      auto xi = x.detach().requires_grad_(inputGrad), wi = w.detach().requires_grad_(true);
-      auto y = oneDnn ? lt::kernels::oneDnnLinear(xi, wi) : at::linear(xi, wi);
-      y.backward(dy);
-      return std::vector<at::Tensor>{y.detach(), inputGrad ? xi.grad() : at::Tensor(), wi.grad()};
-    };
+  auto x = at::randn(c.x);
+  if (c.transposed) x = at::randn({c.x[0], c.x[2], c.x[1]}).transpose(1, 2);  // same shape, strided
+  const auto w = at::randn({c.n, c.x.back()});
+  auto ySizes = c.x;
+  ySizes.back() = c.n;
+  const auto dy = at::randn(ySizes);
+  auto xi = x.detach().requires_grad_(inputGrad), wi = w.detach().requires_grad_(true);
+  auto y = linear(xi, wi);
+  y.backward(dy);
+  return {y.detach(), inputGrad ? xi.grad() : at::Tensor(), wi.grad()};
+}
+
+std::string describe(const LinearCase& c, bool inputGrad) {
+  return "x " + std::to_string(c.x.size()) + "-d, last " + std::to_string(c.x.back()) + ", n " + std::to_string(c.n) +
+         (inputGrad ? "" : ", no dx");
+}
+
+at::Tensor atenLinear(const at::Tensor& x, const at::Tensor& w) { return at::linear(x, w); }
+
+// Forward and both gradients equal at::linear's.
+TEST(OneDnnGemm, LinearEqualsATenForwardAndBackward) {
+  for (const auto& c : kLinearCases) {
     for (bool inputGrad : {true, false}) {
-      const auto got = grads(true, inputGrad), want = grads(false, inputGrad);
-      const std::string what = "x " + std::to_string(c.x.size()) + "-d, last " + std::to_string(c.x.back()) +
-                               ", n " + std::to_string(c.n) + (inputGrad ? "" : ", no dx");
-      EXPECT_LE(relErr(got[0], want[0]), Tol::kFusedKernel) << what;
-      if (inputGrad) EXPECT_LE(relErr(got[1], want[1]), Tol::kFusedKernel) << what;
-      else EXPECT_FALSE(got[1].defined()) << what;
-      EXPECT_LE(relErr(got[2], want[2]), Tol::kFusedKernel) << what;
+      const auto got = linearGrads(c, inputGrad, [](const at::Tensor& x, const at::Tensor& w) {
+        return lt::kernels::oneDnnLinear(x, w);
+      });
+      const auto want = linearGrads(c, inputGrad, atenLinear);
+      EXPECT_LE(relErr(got[0], want[0]), Tol::kFusedKernel) << describe(c, inputGrad);
+      if (inputGrad) EXPECT_LE(relErr(got[1], want[1]), Tol::kFusedKernel) << describe(c, inputGrad);
+      else EXPECT_FALSE(got[1].defined()) << describe(c, inputGrad);
+      EXPECT_LE(relErr(got[2], want[2]), Tol::kFusedKernel) << describe(c, inputGrad);
     }
+  }
+}
+
+// The BLAS route (a zeroed output and beta = 1) gives at::linear's bits, forward and backward,
+// against at::linear of a contiguous x (a strided 3-d x takes ATen's bmm, another summation).
+TEST(BlasGemm, LinearEqualsATenBitwise) {
+  for (const auto& c : kLinearCases) {
+    for (bool inputGrad : {true, false}) {
+      const auto got = linearGrads(c, inputGrad, [](const at::Tensor& x, const at::Tensor& w) {
+        return lt::kernels::linear(x, w, lt::kernels::GemmRoute::Blas);
+      });
+      const auto want = linearGrads(c, inputGrad, [](const at::Tensor& x, const at::Tensor& w) {
+        return at::linear(x.contiguous(), w);
+      });
+      EXPECT_TRUE(at::equal(got[0], want[0])) << describe(c, inputGrad);
+      if (inputGrad) EXPECT_TRUE(at::equal(got[1], want[1])) << describe(c, inputGrad);
+      else EXPECT_FALSE(got[1].defined()) << describe(c, inputGrad);
+      EXPECT_TRUE(at::equal(got[2], want[2])) << describe(c, inputGrad);
+    }
+  }
+}
+
+// The LM head's products (matmulInto, transposes as flags) on the BLAS route: at::mm's bits.
+TEST(BlasGemm, MatmulIntoEqualsMmBitwise) {
+  at::manual_seed(11);
+  for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 1, 1}, {33, 17, 5}, {4096, 128, 64},
+                                                                           {64, 128, 4096}}) {
+    for (bool transA : {false, true})
+      for (bool transB : {false, true}) {
+        const auto a = transA ? at::randn({k, m}) : at::randn({m, k}), b = transB ? at::randn({n, k}) : at::randn({k, n});
+        const auto got = lt::kernels::matmul(a, transA, b, transB, lt::kernels::GemmRoute::Blas);
+        EXPECT_TRUE(at::equal(got, at::mm(transA ? a.t() : a, transB ? b.t() : b)))
+            << m << "x" << n << "x" << k << " transA " << transA << " transB " << transB;
+      }
   }
 }
 

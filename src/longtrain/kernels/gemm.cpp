@@ -1,14 +1,17 @@
-// oneDNN's GEMMs under autograd (gemm.h): fp32 through dnnl_sgemm, bf16 through its matmul
-// primitive with an fp32 result. Row-major throughout: the backward's two products read the saved
-// operands in place, with transposes as flags. Non-obvious: the bf16 route saves the bf16 copies
-// of x and w for backward (half the bytes of fp32) and never rounds a result or gradient to bf16.
+// The model's GEMMs under autograd (gemm.h): OpenBLAS through ATen's addmm, fp32 through oneDNN's
+// dnnl_sgemm, bf16 through its matmul primitive with an fp32 result. Row-major throughout: the
+// backward's two products read the saved operands in place, with transposes as flags.
+// Non-obvious: the bf16 route saves the bf16 copies of x and w for backward (half the bytes of
+// fp32) and never rounds a result or gradient to bf16.
 #include "longtrain/kernels/gemm.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <dnnl.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <atomic>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -109,14 +112,32 @@ at::Tensor operand(const at::Tensor& t, GemmRoute route) {
   return toBf16(t);
 }
 
+// Zeroes n floats; in parallel only in pieces of 4 MiB and more, so that the small outputs of a
+// small model's step start no parallel region.
+void zeroFloats(float* p, int64_t n) {
+  constexpr int64_t kGrain = int64_t{1} << 20;
+  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) { std::memset(p + b, 0, sizeof(float) * (e - b)); });
+}
+
+// c [M, N] = op(a) op(b) on ATen's BLAS as c zero-filled plus one GEMM with beta = 1: the same
+// sums (OpenBLAS adds each block of k into c either way), without OpenBLAS 0.3.21's own pass that
+// zeroes c for beta = 0 (9-18% of the quick start's samples; docs/performance.md).
+void blasGemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const at::Tensor& a, const at::Tensor& b,
+              at::Tensor& c) {
+  LT_ASSERT(c.is_contiguous() && c.scalar_type() == at::kFloat);
+  zeroFloats(c.data_ptr<float>(), M * N);
+  c.view({M, N}).addmm_(transA ? a.view({K, M}).t() : a.view({M, K}), transB ? b.view({N, K}).t() : b.view({K, N}));
+}
+
 void routeGemm(GemmRoute route, bool transA, bool transB, int64_t M, int64_t N, int64_t K, const at::Tensor& a,
                const at::Tensor& b, at::Tensor& c) {
   if (route == GemmRoute::Bf16) bf16gemm(transA, transB, M, N, K, a, b, c);
-  else sgemm(transA, transB, M, N, K, a, b, c);
+  else if (route == GemmRoute::OneDnn) sgemm(transA, transB, M, N, K, a, b, c);
+  else blasGemm(transA, transB, M, N, K, a, b, c);
 }
 
-// y = x w^T on a oneDNN route; saves the operands as the route reads them.
-struct OneDnnLinearFn : torch::autograd::Function<OneDnnLinearFn> {
+// y = x w^T on any route; saves the operands as the route reads them.
+struct LinearFn : torch::autograd::Function<LinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, int64_t route) {
     LT_CHECK(x.size(-1) == w.size(1), "linear: input width ", x.size(-1), " does not match the weight's ", w.size(1));
     const auto r = static_cast<GemmRoute>(route);
@@ -163,19 +184,17 @@ void forceWidenedBf16ForTesting(bool on) { widenedBf16ForTesting = on; }
 
 at::Tensor oneDnnLinear(const at::Tensor& x, const at::Tensor& w, GemmRoute route) {
   LT_ASSERT(route != GemmRoute::Blas);
-  return OneDnnLinearFn::apply(x, w, static_cast<int64_t>(route));
+  return LinearFn::apply(x, w, static_cast<int64_t>(route));
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, GemmRoute route) {
-  if (route == GemmRoute::Blas) return at::linear(x, w);
-  return oneDnnLinear(x, w, route);
+  return LinearFn::apply(x, w, static_cast<int64_t>(route));
 }
 
 void matmulInto(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route) {
   LT_ASSERT(a.dim() == 2 && b.dim() == 2 && out.is_contiguous());
   const auto opA = transA ? a.t() : a, opB = transB ? b.t() : b;
   LT_ASSERT(opA.size(1) == opB.size(0) && out.size(0) == opA.size(0) && out.size(1) == opB.size(1));
-  if (route == GemmRoute::Blas) return void(at::mm_out(out, opA, opB));
   routeGemm(route, transA, transB, opA.size(0), opB.size(1), opA.size(1), operand(a, route), operand(b, route), out);
 }
 
