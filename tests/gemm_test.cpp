@@ -3,6 +3,7 @@
 // route against fp32 products of the same bf16-rounded operands, and its rounding against c10's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 #include <tuple>
 
@@ -95,6 +96,39 @@ TEST(BlasGemm, LinearEqualsATenBitwise) {
 }
 
 // The LM head's products (matmulInto, transposes as flags) on the BLAS route: at::mm's bits.
+// Past 4096 rows of a result the BLAS route runs one GEMM per 4096 rows (gemm.cpp:
+// kBlasRowBlock): every block of y and dx is ATen's product of those rows alone, bit for bit;
+// the weight gradient (rows: the 48 outputs) is at::linear's; the whole within the kernel
+// tolerance of one call. matmulAccumulate adds its blocks to what out held.
+TEST(BlasGemm, ProductsRunInBlocksOf4096Rows) {
+  at::manual_seed(12);
+  const int64_t rows = 2 * 4100, n = 48;
+  const auto x = at::randn({2, 4100, 64}), w = at::randn({n, 64}), dy = at::randn({2, 4100, n});
+  auto run = [&](bool ours) {
+    auto xi = x.detach().requires_grad_(true), wi = w.detach().requires_grad_(true);
+    auto y = ours ? lt::kernels::linear(xi, wi, lt::kernels::GemmRoute::Blas) : at::linear(xi, wi);
+    y.backward(dy);
+    return std::vector<at::Tensor>{y.detach().reshape({rows, n}), xi.grad().reshape({rows, -1}), wi.grad()};
+  };
+  const auto got = run(true), whole = run(false);
+  EXPECT_TRUE(at::equal(got[2], whole[2])) << "the weight gradient";
+  for (int64_t s = 0; s < rows; s += 4096) {
+    const int64_t len = std::min<int64_t>(4096, rows - s);
+    const auto xs = x.reshape({rows, -1}).narrow(0, s, len), dys = dy.reshape({rows, n}).narrow(0, s, len);
+    EXPECT_TRUE(at::equal(got[0].narrow(0, s, len), at::mm(xs, w.t()))) << "y rows from " << s;
+    EXPECT_TRUE(at::equal(got[1].narrow(0, s, len), at::mm(dys, w))) << "dx rows from " << s;
+  }
+  EXPECT_LE(relErr(got[0], whole[0]), Tol::kFusedKernel);
+  EXPECT_LE(relErr(got[1], whole[1]), Tol::kFusedKernel);
+
+  const auto a = at::randn({96, 9000}), b = at::randn({96, 40});  // out [9000, 40] = a^T b
+  const auto want = at::mm(a.t().to(at::kDouble), b.to(at::kDouble)).to(at::kFloat);
+  auto acc = at::ones({9000, 40});
+  lt::kernels::matmulAccumulate(acc, a, true, b, false, lt::kernels::GemmRoute::Blas);
+  EXPECT_LE(relErr(acc, want + 1), Tol::kFusedKernel);
+  EXPECT_LE(relErr(lt::kernels::matmul(a, true, b, false, lt::kernels::GemmRoute::Blas), want), Tol::kFusedKernel);
+}
+
 TEST(BlasGemm, MatmulIntoEqualsMmBitwise) {
   at::manual_seed(11);
   for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 1, 1}, {33, 17, 5}, {4096, 128, 64},

@@ -10,6 +10,7 @@
 #include <dnnl.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -119,14 +120,32 @@ void zeroFloats(float* p, int64_t n) {
   at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) { std::memset(p + b, 0, sizeof(float) * (e - b)); });
 }
 
-// c [M, N] = op(a) op(b) on ATen's BLAS as c zero-filled plus one GEMM with beta = 1: the same
+// Rows of c that one OpenBLAS call computes. OpenBLAS packs a [K block x c's rows] panel into
+// per-thread buffers it never returns: a call whose result has R rows leaves up to ~R KiB of them
+// resident (K blocks of 256 floats on Zen), outside the allocator the plan counts; measured: 16 MiB
+// for a 16K-token projection, 31 MiB for the LM head's [32000, 256] weight gradient, up to the
+// buffers' 128-256 MiB at 400K tokens. Blocks of 4096 rows keep that near 4 MiB a buffer and
+// each call as large as the MLP's.
+constexpr int64_t kBlasRowBlock = 4096;
+
+// c += opA opB (beta = 1) on ATen's BLAS, kBlasRowBlock rows of c a call; c contiguous.
+void addProductInRowBlocks(const at::Tensor& c, const at::Tensor& opA, const at::Tensor& opB) {
+  const int64_t M = c.size(0);
+  for (int64_t s = 0; s < M; s += kBlasRowBlock) {
+    const int64_t n = std::min(kBlasRowBlock, M - s);
+    c.narrow(0, s, n).addmm_(opA.narrow(0, s, n), opB);
+  }
+}
+
+// c [M, N] = op(a) op(b) on ATen's BLAS as c zero-filled plus GEMMs with beta = 1: the same
 // sums (OpenBLAS adds each block of k into c either way), without OpenBLAS 0.3.21's own pass that
 // zeroes c for beta = 0 (9-18% of the quick start's samples; docs/performance.md).
 void blasGemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const at::Tensor& a, const at::Tensor& b,
               at::Tensor& c) {
   LT_ASSERT(c.is_contiguous() && c.scalar_type() == at::kFloat);
   zeroFloats(c.data_ptr<float>(), M * N);
-  c.view({M, N}).addmm_(transA ? a.view({K, M}).t() : a.view({M, K}), transB ? b.view({N, K}).t() : b.view({K, N}));
+  addProductInRowBlocks(c.view({M, N}), transA ? a.view({K, M}).t() : a.view({M, K}),
+                        transB ? b.view({N, K}).t() : b.view({K, N}));
 }
 
 void routeGemm(GemmRoute route, bool transA, bool transB, int64_t M, int64_t N, int64_t K, const at::Tensor& a,
@@ -200,8 +219,8 @@ void matmulInto(at::Tensor& out, const at::Tensor& a, bool transA, const at::Ten
 
 void matmulAccumulate(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route) {
   if (route != GemmRoute::Blas) return void(out.add_(matmul(a, transA, b, transB, route)));
-  LT_ASSERT(a.dim() == 2 && b.dim() == 2);
-  out.addmm_(transA ? a.t() : a, transB ? b.t() : b);
+  LT_ASSERT(a.dim() == 2 && b.dim() == 2 && out.is_contiguous());
+  addProductInRowBlocks(out, transA ? a.t() : a, transB ? b.t() : b);
 }
 
 at::Tensor matmul(const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route) {

@@ -12,7 +12,9 @@ namespace lt::kernels {
 // operands rounded to bf16 (their saved copies too), the product accumulated and returned in fp32.
 enum class GemmRoute { Blas, OneDnn, Bf16 };
 
-// x W^T by `route`, differentiable in both: the model's projections, MLP and LM head.
+// x W^T by `route`, differentiable in both: the model's projections, MLP and LM head. On the
+// BLAS route every product runs a few thousand rows of its result a call (gemm.cpp's
+// kBlasRowBlock), so OpenBLAS's packing buffers stay small at any sequence length or vocabulary.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, GemmRoute route);
 
 // y = x w^T over x's last dimension (at::linear without a bias) on a oneDNN route (OneDnn or
@@ -25,7 +27,7 @@ at::Tensor oneDnnLinear(const at::Tensor& x, const at::Tensor& w, GemmRoute rout
 // `matmul` allocates out.
 void matmulInto(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);
 at::Tensor matmul(const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);
-// out += op(a) op(b): on the BLAS route one GEMM with beta = 1, so no product-sized temporary
+// out += op(a) op(b): on the BLAS route GEMMs with beta = 1 (row blocks), so no product-sized temporary
 // exists (the LM head's [V, D] weight gradient, per loss tile); the oneDNN routes add a product.
 void matmulAccumulate(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);
 
