@@ -99,8 +99,12 @@ TEST(BlasGemm, LinearEqualsATenBitwise) {
 // Past 4096 rows of a result the BLAS route runs one GEMM per 4096 rows (gemm.cpp:
 // kBlasRowBlock): every block of y and dx is ATen's product of those rows alone, bit for bit;
 // the weight gradient (rows: the 48 outputs) is at::linear's; the whole within the kernel
-// tolerance of one call. matmulAccumulate adds its blocks to what out held.
+// tolerance of one call. matmulAccumulate adds its blocks to what out held. On one thread: on
+// two, this test process's first OpenBLAS calls split a product differently from later ones
+// (the bits of a fresh process's block and of the same product moments later differed here).
 TEST(BlasGemm, ProductsRunInBlocksOf4096Rows) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
   at::manual_seed(12);
   const int64_t rows = 2 * 4100, n = 48;
   const auto x = at::randn({2, 4100, 64}), w = at::randn({n, 64}), dy = at::randn({2, 4100, n});
@@ -127,6 +131,7 @@ TEST(BlasGemm, ProductsRunInBlocksOf4096Rows) {
   lt::kernels::matmulAccumulate(acc, a, true, b, false, lt::kernels::GemmRoute::Blas);
   EXPECT_LE(relErr(acc, want + 1), Tol::kFusedKernel);
   EXPECT_LE(relErr(lt::kernels::matmul(a, true, b, false, lt::kernels::GemmRoute::Blas), want), Tol::kFusedKernel);
+  at::set_num_threads(threads);
 }
 
 TEST(BlasGemm, MatmulIntoEqualsMmBitwise) {
