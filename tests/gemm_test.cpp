@@ -65,7 +65,7 @@ TEST(OneDnnGemm, LinearEqualsATenForwardAndBackward) {
   for (const auto& c : kLinearCases) {
     for (bool inputGrad : {true, false}) {
       const auto got = linearGrads(c, inputGrad, [](const at::Tensor& x, const at::Tensor& w) {
-        return lt::kernels::oneDnnLinear(x, w);
+        return lt::kernels::linear(x, w, lt::kernels::GemmRoute::OneDnn);
       });
       const auto want = linearGrads(c, inputGrad, atenLinear);
       EXPECT_LE(relErr(got[0], want[0]), Tol::kFusedKernel) << describe(c, inputGrad);

@@ -201,11 +201,6 @@ double bf16GemmWorkBytes(bool transA, bool transB, double M, double N, double K)
 
 void forceWidenedBf16ForTesting(bool on) { widenedBf16ForTesting = on; }
 
-at::Tensor oneDnnLinear(const at::Tensor& x, const at::Tensor& w, GemmRoute route) {
-  LT_ASSERT(route != GemmRoute::Blas);
-  return LinearFn::apply(x, w, static_cast<int64_t>(route));
-}
-
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, GemmRoute route) {
   return LinearFn::apply(x, w, static_cast<int64_t>(route));
 }

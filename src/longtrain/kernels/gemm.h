@@ -12,14 +12,12 @@ namespace lt::kernels {
 // operands rounded to bf16 (their saved copies too), the product accumulated and returned in fp32.
 enum class GemmRoute { Blas, OneDnn, Bf16 };
 
-// x W^T by `route`, differentiable in both: the model's projections, MLP and LM head. On the
-// BLAS route every product runs a few thousand rows of its result a call (gemm.cpp's
-// kBlasRowBlock), so OpenBLAS's packing buffers stay small at any sequence length or vocabulary.
+// y = x w^T over x's last dimension (at::linear without a bias) by `route`, differentiable in x
+// and w: the model's projections, MLP and LM head. x [..., K], w [N, K] fp32; y and both
+// gradients fp32. On the BLAS route every product runs a few thousand rows of its result a call
+// (gemm.cpp's kBlasRowBlock), so OpenBLAS's packing buffers stay small at any sequence length or
+// vocabulary.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, GemmRoute route);
-
-// y = x w^T over x's last dimension (at::linear without a bias) on a oneDNN route (OneDnn or
-// Bf16), differentiable in x and w. x [..., K], w [N, K] fp32; y and both gradients fp32.
-at::Tensor oneDnnLinear(const at::Tensor& x, const at::Tensor& w, GemmRoute route = GemmRoute::OneDnn);
 
 // out = op(a) op(b) by `route` for contiguous 2-D a, b and fp32 out (op: transposed when asked,
 // read in place), without autograd: the fused LM head's three products and the peak measurement.

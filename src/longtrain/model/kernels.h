@@ -29,6 +29,5 @@ using kernels::linear;
 using kernels::matmul;
 using kernels::matmulInto;
 using kernels::matmulAccumulate;
-using kernels::oneDnnLinear;
 
 }  // namespace lt::model
