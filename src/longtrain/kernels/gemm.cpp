@@ -122,10 +122,10 @@ void zeroFloats(float* p, int64_t n) {
 
 // Rows of c that one OpenBLAS call computes. OpenBLAS packs a [K block x c's rows] panel into
 // per-thread buffers it never returns: a call whose result has R rows leaves up to ~R KiB of them
-// resident (K blocks of 256 floats on Zen), outside the allocator the plan counts; measured: 16 MiB
-// for a 16K-token projection, 31 MiB for the LM head's [32000, 256] weight gradient, up to the
-// buffers' 128-256 MiB at 400K tokens. Blocks of 4096 rows keep that near 4 MiB a buffer and
-// each call as large as the MLP's.
+// resident (K blocks of 256 floats on Zen), outside the allocator the plan counts. Measured on
+// Zen 2: 16 MiB for a 16K-token projection, 31 MiB for the LM head's [32000, 256] weight
+// gradient; at that rate 400K tokens would fill the buffers (128-256 MiB; not run). Blocks of
+// 4096 rows keep it near 4 MiB a buffer and each call as large as the MLP's.
 constexpr int64_t kBlasRowBlock = 4096;
 
 // c += opA opB (beta = 1) on ATen's BLAS, kBlasRowBlock rows of c a call; c contiguous.
