@@ -21,6 +21,9 @@ THREADS=${THREADS:-1}
 ROWS=${ROWS:-}
 out=${OUT:-$(mktemp -d)}
 REUSE=${REUSE:-0}
+# BUDGET=4GiB sets train.memory_budget on every row: tcmalloc then decommits freed spans (the
+# mode a run at `plan --max-seq`'s length or under --fit runs in), and plan predicts that mode.
+BUDGET=${BUDGET:-}
 mkdir -p "$out" "$out/offload"
 # Packed documents: a uint16 token file, EOS (1) every 1500 tokens.
 python3 -c "
@@ -83,6 +86,7 @@ for row in "${configs[@]}"; do
   S=$(echo $S); i=$((i + 1))
   if [ -n "$ROWS" ] && ! [[ " $ROWS " == *" $i "* ]]; then continue; fi
   args="--nproc $P --set sequence_parallel_size=$P --set data.seq_len=$S --set train.threads=$THREADS $flags"
+  if [ -n "$BUDGET" ]; then args="$args --set train.memory_budget=\"$BUDGET\""; fi
   pred=$($BIN plan "$CFG" $args | awk '$1 == "total" {print $2}')
   if [ "$REUSE" != 1 ] || ! [ -s "$out/$i.jsonl" ]; then
     $BIN train "$CFG" $args --metrics "$out/$i.jsonl" >"$out/$i.log" 2>&1 || { echo "run $i failed:"; tail "$out/$i.log"; exit 1; }

@@ -269,8 +269,14 @@ TEST(ActivationOffload, KeptGraphsStayAndTheRecomputedBlocksGo) {
   j["train"]["offload_dir"] = dir.string();
   auto none = trainTrace(j, 1, 1, 1);
   EXPECT_EQ(none.program.find("OffloadActivation"), std::string::npos) << none.program;
+  // Large enough that a kept graph shows above the start-up peak, which a tiny model's step stays
+  // under when priced as the run below runs: under a budget (decommitted).
+  j["model"]["hidden_size"] = 256;
+  j["model"]["intermediate_size"] = 512;
+  j["data"]["seq_len"] = 512;
   auto cfg = lt::config::parseConfig(j, 1);
   cfg.activationCheckpointing = lt::config::Recompute::Auto;
+  cfg.train.memoryBudget = int64_t{1} << 30;
   j["activation_checkpointing"] = "auto";
   // 2 graphs fit (their predicted peak within fitBytes of the budget), 3 do not.
   j["train"]["memory_budget"] = lt::plan::leastBudgetFitting(lt::plan::predictPeak(cfg, 1, 2).total());

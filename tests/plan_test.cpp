@@ -130,8 +130,13 @@ TEST(Plan, MaxSeqIsMonotoneInBudgetAndTight) {
     prev = s;
     if (s == 0) continue;
     EXPECT_EQ(s % 2, 0);
-    EXPECT_LE(predictPeak(withSeq(c, s), 2).total(), lt::plan::fitBytes(budget));  // the margin kept free
-    EXPECT_GT(predictPeak(withSeq(c, s + 2), 2).total(), lt::plan::fitBytes(budget));
+    const auto runAt = [&](int64_t seq) {  // as the run at that length runs: under the budget
+      auto r = withSeq(c, seq);
+      r.train.memoryBudget = budget;
+      return predictPeak(r, 2).total();
+    };
+    EXPECT_LE(runAt(s), lt::plan::fitBytes(budget));  // the margin kept free
+    EXPECT_GT(runAt(s + 2), lt::plan::fitBytes(budget));
   }
   EXPECT_GT(prev, 0);
   // Below the process baseline nothing fits.

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "longtrain/core/check.h"
+#include "longtrain/kernels/footprint.h"
 #include "longtrain/model/footprint.h"
 #include "longtrain/model/model.h"
 
@@ -257,7 +258,19 @@ Footprint mlpFootprint(const ModelConfig& m, const StepShape& s) {
     f.saved.add(fused ? (bf16 ? 1.5 : 3) : 4, uF);
     if (fused) f.work.add(1, 2 * uF);
     else f.work.add(2, uF);
-    if (bf16) f.work.add(1, uF);
+    if (bf16) {
+      // And each of its six GEMMs' own scratch, as oneDNN sizes it (without its bf16 kernel the
+      // widened operands: [2F, T] and [T, D] for d[wGate; wUp]). Row 23 of bench/plan_accuracy.sh
+      // (bf16 on AVX2, 16384 tokens) measured 20 MiB in use over the count without it.
+      const double T = s.batch * s.tokens, D = s.hidden, F = s.intermediate;
+      f.work.add(1, uF);
+      f.scratch.add(1, std::max({kernels::bf16GemmWorkBytes(false, true, T, 2 * F, D),   // gate, up
+                                 kernels::bf16GemmWorkBytes(false, true, T, D, F),       // down
+                                 kernels::bf16GemmWorkBytes(false, false, T, D, 2 * F),  // dx
+                                 kernels::bf16GemmWorkBytes(true, false, 2 * F, D, T),   // d[wGate; wUp]
+                                 kernels::bf16GemmWorkBytes(false, false, T, F, D),      // d(product)
+                                 kernels::bf16GemmWorkBytes(true, false, D, F, T)}));    // d(wDown)
+    }
   }
   return f;
 }

@@ -410,7 +410,8 @@ TensorBytes BlockFootprint::saved() const {
 // The attention half: the norm, the q/k/v projections, the rotations and o_proj save (fused
 // ops: one GEMM against [wq; wk; wv], which also saves that weight; the fused attention keeps a
 // contiguous v), Qwen3's q/k norms their inputs (the ATen composition about twice that; biases
-// are added in place of the GEMM's output: nothing), then the core; backward adds d(x1).
+// are added in place of the GEMM's output: nothing), then the core; backward adds d(x1) and
+// d(core output).
 // Naive and chunked attention copy q, k and v into contiguous [B, H, S, Dh] operands (their own
 // footprints count the copies), so the rotations and the projections' outputs are freed after
 // the forward (RoPE saves only its table, unfused too); the half keeps the norm's output (the
@@ -433,15 +434,14 @@ BlockFootprint blockFootprint(const ModelConfig& m, const StepShape& s, const Fo
     a.saved.add(fused ? 1 : 2, uD);
     a.saved.add(2, uQ);
     a.saved.add(2, uKV);
-  } else if (s.ring == 1) {
-    // Ulysses: the core saves the all-to-alls' outputs (its own footprint); the rotations and
-    // the GEMM's output are freed with the forward, and o_proj saves headsToSeq's output. Measured
-    // at P = 2 with 4 layers at 8192 tokens: each Backward frees 9.1 MiB = its graph + one
-    // input, 8 [B, S/P, D] + 1 counted.
+  } else {
+    // Ulysses and the ring kernel: the core saves q, k, v as it receives them (the all-to-alls'
+    // outputs, or the local shard) and its output (its own footprint); the rotations and the
+    // GEMM's output are freed with the forward, and o_proj saves its own input. Measured at P = 2
+    // (Ulysses) with 4 layers at 8192 tokens: each Backward frees 9.1 MiB = its graph + one
+    // input, 8 [B, S/P, D] + 1 counted; at P = 4 (ring 4, and Ulysses 2 x ring 2, MHA) at 16384
+    // tokens: two kept graphs hold 16.6 MiB over two kept inputs, 16 [B, S/P, D] counted.
     a.saved.add(fused ? 2 : 3, uD);
-  } else {  // the ring kernel (R > 1): the earlier count, not measured again
-    a.saved.add(fused ? 4 : 5, uD);
-    a.saved.add(fused ? 4 : 3, uKV);
   }
   if (fused) a.saved.add(1, s.hidden * (s.heads * s.headDim + 2 * s.kvHeads * s.headDim) * 4);
   if (m.qkNorm) {
@@ -449,7 +449,11 @@ BlockFootprint blockFootprint(const ModelConfig& m, const StepShape& s, const Fo
     a.saved.add(fused ? 1 : 2, uKV);
   }
   a.add(core);
+  // Backward: d(x1), and o_proj's gradient of the core's output (uQ), live through the core's
+  // backward. Measured on bench/max_seq_peer.json's model (hidden 256) at 16384 tokens, every
+  // block recomputed: the attention half held 163.8 MiB, 145.0 counted without that uQ (16).
   a.work.add(1, uD);
+  a.work.add(1, uQ);
   b.mlp = mlpFootprint(m, s);
   return b;
 }

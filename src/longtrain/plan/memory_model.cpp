@@ -36,7 +36,8 @@ constexpr double kMiB = 1024.0 * 1024.0;
 // the resident bytes are the start-up peak, train/process_baseline.h).
 constexpr double kUnmeasuredResidentBytes = 185.5 * kMiB;
 constexpr double kUnmeasuredStartupPeakBytes = 185.5 * kMiB;
-std::atomic<int64_t> gResident{0}, gStartupPeak{0};
+constexpr double kUnmeasuredReleasedBytes = 174.2 * kMiB;
+std::atomic<int64_t> gResident{0}, gStartupPeak{0}, gReleased{0};
 
 // Allocator retention. glibc serves a block below its mmap threshold from its heap and
 // keeps it after free; the threshold rises with use to at most 32 MiB, so blocks of 32 MiB
@@ -53,7 +54,12 @@ std::atomic<int64_t> gResident{0}, gStartupPeak{0};
 // docs/performance.md): at the peak the page heap holds free spans carved by smaller tensors
 // out of the blocks the previous phases freed, none large enough for the phase's largest
 // tensor, which is mapped anew: RSS exceeded baseline + bytes in use by 0.4 to 1.9 naive score
-// blocks (rows 1-4, 8, 9, 18) and by one d(gate, up) at chunked attention's MLP (row 6).
+// blocks (rows 1-4, 8, 9, 18) and by one d(gate, up) at chunked attention's MLP (row 6). How
+// many depends on where small tensors land, run to run (row 4 measured 1324 and 1758 MiB). Under
+// a train.memory_budget tcmalloc decommits every freed span at once (core/memory.h), so RSS is
+// the released baseline plus the bytes in use, with no fragment term: the mode the plan's
+// guarantees (--max-seq, --fit, "auto") are made for, and the one bench/plan_accuracy.sh's
+// BUDGET measures (rows 1-4, 8, 9, 18: +9% to +21% with the fragment, -2.4% to -0.1% without).
 constexpr double kMmapCeiling = 32 * kMiB;
 constexpr double kHeapFragmentation = 0.8;
 
@@ -217,14 +223,16 @@ ModelState modelState(const config::Config& c, int world) {
 }
 
 void setProcessBaseline(const ProcessBaseline& b) {
-  LT_ASSERT(b.resident > 0 && b.startupPeak > 0);
+  LT_ASSERT(b.resident > 0 && b.startupPeak > 0 && b.released > 0);
   gResident = b.resident;
   gStartupPeak = b.startupPeak;
+  gReleased = b.released;
 }
 
 ProcessBaseline processBaseline() {
-  if (gResident > 0) return {gResident, gStartupPeak};
-  return {static_cast<int64_t>(kUnmeasuredResidentBytes), static_cast<int64_t>(kUnmeasuredStartupPeakBytes)};
+  if (gResident > 0) return {gResident, gStartupPeak, gReleased};
+  return {static_cast<int64_t>(kUnmeasuredResidentBytes), static_cast<int64_t>(kUnmeasuredStartupPeakBytes),
+          static_cast<int64_t>(kUnmeasuredReleasedBytes)};
 }
 
 namespace {
@@ -420,7 +428,8 @@ Phase dataParallelStepPhase(const StepTerms& t) {
 // The peak over the phases: under tcmalloc the largest phase over the resident baseline (at least
 // the start-up peak); under glibc
 // the largest persistent + large-block set plus the heap (small blocks) and its fragmentation.
-Prediction peakOf(const std::vector<Phase>& phases) {
+// `decommit`: tcmalloc returns each freed span at once (a train.memory_budget is set).
+Prediction peakOf(const std::vector<Phase>& phases, bool decommit) {
   const Phase* top = &phases[0];
   double held = 0, small = 0, largeCount = 0;
   for (const auto& p : phases) {
@@ -430,8 +439,10 @@ Prediction peakOf(const std::vector<Phase>& phases) {
     largeCount += p.acts.largeCount + p.transient.largeCount;
   }
   const bool tcmalloc = allocatorName() == "tcmalloc";
+  decommit = decommit && tcmalloc;
   const ProcessBaseline pb = processBaseline();
-  const double resident = static_cast<double>(pb.resident), startup = static_cast<double>(pb.startupPeak);
+  const double resident = static_cast<double>(decommit ? pb.released : pb.resident),
+               startup = static_cast<double>(pb.startupPeak);
   // glibc: its heap is not measured free, so the start-up peak is the baseline.
   const double baseline = tcmalloc ? resident : startup;
   // tcmalloc: each phase needs its live bytes and its largest tensor's fragment, or the resident
@@ -439,7 +450,8 @@ Prediction peakOf(const std::vector<Phase>& phases) {
   double need = 0, before = 0;
   if (tcmalloc) {
     for (const auto& p : phases) {
-      const double n = std::max(p.live() + p.transient.largest, p.abovePeak > 0 ? before + p.abovePeak : 0.0);
+      const double n = decommit ? p.live()
+                                : std::max(p.live() + p.transient.largest, p.abovePeak > 0 ? before + p.abovePeak : 0.0);
       if (n > need) need = n, top = &p;
       before = std::max(before, n);
     }
@@ -474,7 +486,7 @@ Prediction predict(const config::Config& c, int world, int graphBlocks) {
   else phases.push_back(dataParallelStepPhase(t));
   for (auto& p : phases)  // kept from the first loss on: not yet at construction
     if (p.name != "ZeRO construction") p.acts.add(t.kept);
-  Prediction out = peakOf(phases);
+  Prediction out = peakOf(phases, c.train.memoryBudget > 0);
   out.breakdown.offloaded = static_cast<int64_t>(offloaded * t.uD);
   return out;
 }
@@ -513,6 +525,7 @@ int64_t maxSeqLen(const config::Config& cfg, int world, int64_t budget, int64_t 
   const int64_t budgetBytes = fitBytes(budget);
   const int64_t unit = seqLenMultiple(cfg);
   config::Config c = cfg;
+  c.train.memoryBudget = budget;  // the run at this length sets it (plan prints the --set): decommitted
   // "auto" recomputes every block at the longest length that fits; "none" never does.
   const int graphs = cfg.activationCheckpointing == config::Recompute::None ? static_cast<int>(cfg.model.layers) : 0;
   auto at = [&](int64_t k) {  // k units of seq_len

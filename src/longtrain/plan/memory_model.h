@@ -4,7 +4,8 @@
 // baseline is measured by the process that plans (setProcessBaseline). The peak is the largest
 // of the step's phases (its breakdown is that phase's) plus what the allocator keeps of freed
 // blocks: under glibc malloc a calibrated share; under tcmalloc, which longtrain links, one of
-// the peak phase's largest tensor (its free spans are fragments too small for it, measured).
+// the peak phase's largest tensor (its free spans are fragments too small for it, measured),
+// except under a train.memory_budget, where tcmalloc returns freed spans at once and keeps none.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -35,10 +36,11 @@ struct MemoryBreakdown {
 // `resident`: this binary's resident bytes that no tensor reuses, once a run has started (libtorch,
 // thread pools, the allocator's fragments, a process group); `startupPeak`: the peak RSS of a run
 // whose tensors are < 1 MiB. A step peaks at the larger of startupPeak and resident + its live
-// bytes. Where nothing set it
+// bytes. `released`: the resident bytes once tcmalloc has returned that run's free pages (a run
+// under train.memory_budget decommits them at start-up, core/memory.h). Where nothing set them
 // (unit tests of the algebra), the last measurement on this build stands in.
 struct ProcessBaseline {
-  int64_t resident = 0, startupPeak = 0;
+  int64_t resident = 0, startupPeak = 0, released = 0;
 };
 void setProcessBaseline(const ProcessBaseline& b);
 ProcessBaseline processBaseline();

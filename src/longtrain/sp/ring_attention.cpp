@@ -342,7 +342,7 @@ Footprint ringAttentionFootprint(const StepShape& s) {
 
 // As sequenceParallelAttention chooses: Ulysses alone around the model's core (pipelined over
 // head groups with the fused core), else the ring kernel, with Ulysses' all-to-alls around it
-// where U > 1 (their outputs q, k, v are saved).
+// where U > 1 (their outputs are the q, k, v the ring kernel saves: counted there once).
 Footprint attentionFootprint(const config::Config& c, const StepShape& s) {
   const ParallelLayout layout = config::layoutOf(c, c.sequenceParallelSize);
   const int groups = config::ulyssesHeadGroups(c, layout);
@@ -352,10 +352,6 @@ Footprint attentionFootprint(const config::Config& c, const StepShape& s) {
     f = model::attentionCoreFootprint(c.model, s, layout.P > 1);
   } else {
     f = ringAttentionFootprint(s);
-    if (layout.U > 1) {
-      f.saved.add(1, s.rows(s.heads * s.headDim));
-      f.saved.add(2, s.batch * s.ulysses * s.tokens * std::max(s.kvHeads / s.ulysses, 1.0) * s.headDim * 4);
-    }
   }
   if (layout.U > 1) f.add(ulyssesFootprint(s));
   return f;

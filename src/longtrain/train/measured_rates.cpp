@@ -1,5 +1,9 @@
 // Measured rates (measured_rates.h). GEMMs above kMeasuredRows rows, and attention above 2048
 // tokens, are timed there and scaled: their rate has stopped changing with size by then.
+// Non-obvious: `train --fit` measures in the process that then trains, whose peak RSS its budget
+// bounds, and it prices candidates it will not run (a whole [2048, vocab] logits GEMM took 256 MiB
+// there, over a 403 MiB budget the chosen run kept to). So beyond the weights every measurement
+// holds at most kMeasurementBytes: GEMM rows, the stream, Adam's and the disk probe's buffers.
 #include "longtrain/train/measured_rates.h"
 
 #include <ATen/ATen.h>
@@ -27,6 +31,14 @@ namespace lt::train {
 namespace {
 
 constexpr int64_t kMeasuredRows = 2048;
+constexpr int64_t kMeasurementBytes = 32 << 20;
+
+// The rows a GEMM of N outputs over K inputs is timed at: at most kMeasuredRows, and its
+// row-sized operands (x, y, dy, dx) within kMeasurementBytes; whole micro-tile multiples, >= 64.
+int64_t measuredRows(int64_t M, int64_t N, int64_t K) {
+  const int64_t fit = kMeasurementBytes / (2 * 4 * (N + K)) / 64 * 64;
+  return std::min({M, kMeasuredRows, std::max<int64_t>(64, fit)});
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -92,7 +104,9 @@ AttentionTimes timeAttention(int64_t B, int64_t S, int64_t heads, int64_t kvHead
   return t;
 }
 
-// Seconds per byte of x.mul_(c) over a tensor of `bytes` (each element read and written).
+// Seconds per byte of x.mul_(c) over a tensor of `bytes` (each element read and written), at
+// most kMeasurementBytes: beyond this Zen 2's 16 MiB L3, the size of a Zen 4's, so a larger
+// tensor may stream somewhat slower than priced there.
 double timeStream(double bytes) {
   const int64_t n = std::max<int64_t>(1024, static_cast<int64_t>(bytes / 4));
   auto x = at::ones({n});
@@ -105,7 +119,7 @@ double timeSmallOp() {
 }
 
 double timeAdamPerElement() {
-  constexpr int64_t n = 1 << 22;
+  constexpr int64_t n = kMeasurementBytes / (4 * 4);  // p, g, m, v
   std::vector<float> p(n, 1.0f), g(n, 1e-3f), m(n, 0.0f), v(n, 0.0f);
   int64_t step = 0;
   return medianSeconds([&] {
@@ -162,11 +176,12 @@ double timeDiskPerByte(const std::string& dir) {
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
   if (fd < 0) return 0;
   ::unlink(path.c_str());
-  constexpr size_t kTotal = 64u << 20;
-  std::vector<char> buf(kTotal, 1);
+  constexpr size_t kTotal = 64u << 20, kPiece = kMeasurementBytes / 2;
+  std::vector<char> buf(kPiece, 1);
   const auto t0 = Clock::now();
-  const bool ok = ::pwrite(fd, buf.data(), kTotal, 0) == static_cast<ssize_t>(kTotal) &&
-                  ::pread(fd, buf.data(), kTotal, 0) == static_cast<ssize_t>(kTotal);
+  bool ok = true;
+  for (size_t at = 0; ok && at < kTotal; at += kPiece) ok = ::pwrite(fd, buf.data(), kPiece, at) == static_cast<ssize_t>(kPiece);
+  for (size_t at = 0; ok && at < kTotal; at += kPiece) ok = ::pread(fd, buf.data(), kPiece, at) == static_cast<ssize_t>(kPiece);
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   ::close(fd);
   return ok ? s / (2.0 * kTotal) : 0;
@@ -216,7 +231,7 @@ struct Cache {
     return it->second;
   }
   double streamAt(double bytes) {
-    const int bucket = std::clamp(static_cast<int>(std::log2(std::max(bytes, 1.0))), 16, 28);
+    const int bucket = std::clamp(static_cast<int>(std::log2(std::max(bytes, 1.0))), 16, 25);  // 2^25: kMeasurementBytes
     auto it = stream.find(bucket);
     if (it == stream.end()) {
       ThreadsFor t(threads);
@@ -236,10 +251,10 @@ plan::Rates measuredRates(kernels::GemmRoute route, int threads, bool interRank,
   (void)timeLinear(256, 256, 256, route);  // the thread pool and BLAS's buffers, before anything is timed
   plan::Rates r;
   r.linearForward = [cache](int64_t M, int64_t N, int64_t K) {
-    return scaledTo(M, kMeasuredRows, [&](int64_t m) { return cache->linearAt(m, N, K).forward; });
+    return scaledTo(M, measuredRows(M, N, K), [&](int64_t m) { return cache->linearAt(m, N, K).forward; });
   };
   r.linearBackward = [cache](int64_t M, int64_t N, int64_t K) {
-    return scaledTo(M, kMeasuredRows, [&](int64_t m) { return cache->linearAt(m, N, K).backward; });
+    return scaledTo(M, measuredRows(M, N, K), [&](int64_t m) { return cache->linearAt(m, N, K).backward; });
   };
   // The callers measure at <= 2048 tokens a sequence and scale by causal pairs themselves.
   r.attentionForward = [cache](int64_t B, int64_t S, int64_t h, int64_t hk, int64_t d) {

@@ -69,11 +69,14 @@ void forgetEarlierBuilds(json& record, const std::string& exe) {
   }
 }
 
-// What a run of this binary measured: rank 0's peak RSS, its RSS after the step and of that the
-// free pages tcmalloc holds (rss_bytes, allocator_free_bytes).
+// What runs of this binary measured: rank 0's peak RSS, its RSS after the step and of that the
+// free pages tcmalloc holds (rss_bytes, allocator_free_bytes); `released`: its RSS after the step
+// in a second run under a train.memory_budget, which decommits freed spans. Measured, not rss -
+// free: some free pages were never touched, so releasing them frees no RSS (4 MiB of the 15.5
+// free at one rank: every budgeted row of bench/plan_accuracy.sh under-predicted by about that).
 struct Sample {
-  int64_t peak = 0, rss = 0, free = 0;
-  bool valid() const { return peak > 0 && rss > 0; }
+  int64_t peak = 0, rss = 0, free = 0, released = 0;
+  bool valid() const { return peak > 0 && rss > 0 && released > 0; }
 };
 
 // This process after the GEMM a run's start-up runs (machine.cpp's 1024^3 measurement; constant
@@ -84,31 +87,31 @@ Sample thisProcess() {
     auto a = at::full({n, n}, 0.5f), b = at::full({n, n}, 0.25f), c = at::empty({n, n});
     kernels::matmulInto(c, a, false, b, false, kernels::GemmRoute::Blas);
   }
-  const int64_t rss = currentRssBytes();
-  return {rss, rss, std::max<int64_t>(0, allocatorFreeBytes())};
+  const int64_t rss = currentRssBytes(), free = std::max<int64_t>(0, allocatorFreeBytes());
+  return {rss, rss, free, rss - free};
 }
 
 int64_t field(const json& j, const char* k) {
   return j.is_object() && j.value(k, json()).is_number_integer() ? j[k].get<int64_t>() : 0;
 }
 
-// The tiny run on `ranks` process ranks; invalid where it cannot run.
-Sample runTiny(const std::string& exe, int ranks, int threads) {
+// The tiny run on `ranks` process ranks, `budgeted` or not; invalid where it cannot run.
+Sample runTiny(const std::string& exe, int ranks, int threads, bool budgeted) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("longtrain-baseline-{}", ::getpid());
   std::error_code ec;
   fs::create_directories(dir, ec);
   std::ofstream(dir / "tiny.json") << kTinyRun;
   const std::string cmd = fmt::format("'{}' train '{}' --nproc {} --set sequence_parallel_size={} --set train.threads={} "
-                                      "--metrics '{}' >/dev/null 2>&1",
+                                      "{}--metrics '{}' >/dev/null 2>&1",
                                       exe, (dir / "tiny.json").string(), ranks, ranks, threads,
-                                      (dir / "m.jsonl").string());
+                                      budgeted ? "--set 'train.memory_budget=\"1GiB\"' " : "", (dir / "m.jsonl").string());
   Sample s;
   if (std::system(cmd.c_str()) == 0) {
     std::ifstream in(dir / "m.jsonl");
     std::string line;
     while (std::getline(in, line)) {
       const json j = json::parse(line, nullptr, false);
-      s = {std::max(s.peak, field(j, "peak_rss_bytes")), field(j, "rss_bytes"), field(j, "allocator_free_bytes")};
+      s = {std::max(s.peak, field(j, "peak_rss_bytes")), field(j, "rss_bytes"), field(j, "allocator_free_bytes"), 0};
     }
   }
   fs::remove_all(dir, ec);
@@ -128,13 +131,14 @@ Sample sampleOf(int ranks, int threads, bool mayRun) {
   if (key.empty()) return {};
   const json r = file.empty() ? json::object() : readRecord(file);
   const json e = r.contains(key) ? r[key] : json();
-  Sample s{field(e, "peak"), field(e, "rss"), field(e, "free")};
+  Sample s{field(e, "peak"), field(e, "rss"), field(e, "free"), field(e, "released")};
   if (s.valid() || !mayRun) return s;
-  s = runTiny(exe, ranks, threads);
+  s = runTiny(exe, ranks, threads, false);
+  s.released = runTiny(exe, ranks, threads, true).rss;
   if (s.valid() && !file.empty()) {
     json w = readRecord(file);
     forgetEarlierBuilds(w, exe);
-    w[key] = {{"peak", s.peak}, {"rss", s.rss}, {"free", s.free}};
+    w[key] = {{"peak", s.peak}, {"rss", s.rss}, {"free", s.free}, {"released", s.released}};
     (void)writeRecord(file, w);
   }
   return s;
@@ -142,14 +146,12 @@ Sample sampleOf(int ranks, int threads, bool mayRun) {
 
 // Which of the run's free pages later tensors reuse, as bench/plan_accuracy.sh's rows measure it:
 // at one rank none (it peaks at the run's RSS plus the step's live bytes, within 3% on the fused
-// rows), at several all (a process group's start-up frees whole buffers, ~45 MiB a rank).
+// rows), at several all (a process group's start-up frees whole buffers, ~45 MiB a rank). Under
+// a train.memory_budget they are returned to the OS (`released`, measured so).
 plan::ProcessBaseline baselineOf(int world, int threads, bool mayRun) {
-  const Sample s = sampleOf(world > 1 ? 2 : 1, rankThreads(world, threads), mayRun);
-  if (!s.valid()) {
-    const Sample self = thisProcess();
-    return {self.rss, self.peak};
-  }
-  return {world > 1 ? s.rss - s.free : s.rss, s.peak};
+  Sample s = sampleOf(world > 1 ? 2 : 1, rankThreads(world, threads), mayRun);
+  if (!s.valid()) s = thisProcess();
+  return {world > 1 ? s.rss - s.free : s.rss, s.peak, s.released};
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The process baseline `longtrain plan` counts (plan::ProcessBaseline): measured, not assumed,
-// by a 1-step run of this same binary on a model whose tensors are < 1 MiB (one rank, or two for
-// any world > 1), recorded per binary in the per-machine records (peak_record.h). Non-obvious:
+// by 1-step runs of this same binary on a model whose tensors are < 1 MiB (one rank, or two for
+// any world > 1), one without and one with train.memory_budget (which decommits freed memory),
+// recorded per binary in the per-machine records (peak_record.h). Non-obvious:
 // which of that run's free memory later tensors reuse, fitted on bench/plan_accuracy.sh: at one
 // rank none, at several all of tcmalloc's free pages (a process group's start-up frees ~45 MiB
 // of whole buffers a rank, the same at 2 and 4 ranks).
