@@ -452,8 +452,9 @@ BlockFootprint blockFootprint(const ModelConfig& m, const StepShape& s, const Fo
   // Backward: d(x1), and o_proj's gradient of the core's output (uQ), live through the core's
   // backward. Measured on bench/max_seq_peer.json's model (hidden 256) at 16384 tokens, every
   // block recomputed: the attention half held 163.8 MiB, 145.0 counted without that uQ (16).
+  // Under SP the Ulysses and ring footprints count that incoming gradient already.
   a.work.add(1, uD);
-  a.work.add(1, uQ);
+  if (s.sp == 1) a.work.add(1, uQ);
   b.mlp = mlpFootprint(m, s);
   return b;
 }
