@@ -59,7 +59,8 @@ std::atomic<int64_t> gResident{0}, gStartupPeak{0}, gReleased{0};
 // a train.memory_budget tcmalloc decommits every freed span at once (core/memory.h), so RSS is
 // the released baseline plus the bytes in use, with no fragment term: the mode the plan's
 // guarantees (--max-seq, --fit, "auto") are made for, and the one bench/plan_accuracy.sh's
-// BUDGET measures (rows 1-4, 8, 9, 18: +9% to +21% with the fragment, -2.4% to -0.1% without).
+// BUDGET measures (rows 1-4, 8, 9, 18 under a budget: +4% to +21% with the fragment, -0.4% to
+// +0.4% without).
 constexpr double kMmapCeiling = 32 * kMiB;
 constexpr double kHeapFragmentation = 0.8;
 

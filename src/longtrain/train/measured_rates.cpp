@@ -32,6 +32,8 @@ namespace {
 
 constexpr int64_t kMeasuredRows = 2048;
 constexpr int64_t kMeasurementBytes = 32 << 20;
+constexpr int kLargestStreamBucket = 25;  // log2 of kMeasurementBytes: streamAt's buckets stop there
+static_assert(int64_t{1} << kLargestStreamBucket == kMeasurementBytes);
 
 // The rows a GEMM of N outputs over K inputs is timed at: at most kMeasuredRows, and its
 // row-sized operands (x, y, dy, dx) within kMeasurementBytes; whole micro-tile multiples, >= 64.
@@ -231,7 +233,7 @@ struct Cache {
     return it->second;
   }
   double streamAt(double bytes) {
-    const int bucket = std::clamp(static_cast<int>(std::log2(std::max(bytes, 1.0))), 16, 25);  // 2^25: kMeasurementBytes
+    const int bucket = std::clamp(static_cast<int>(std::log2(std::max(bytes, 1.0))), 16, kLargestStreamBucket);
     auto it = stream.find(bucket);
     if (it == stream.end()) {
       ThreadsFor t(threads);
