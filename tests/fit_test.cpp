@@ -102,6 +102,39 @@ TEST(TimeModel, AttentionScalesByCausalPairsAndRingBalance) {
   EXPECT_NEAR(lt::plan::predictStepTime(con, 4, 4, closedFormRates()).attention, z * (2 - 0.25), Tol::kDoubleArithmetic * expected);
 }
 
+// Across nodes a collective is priced by where its group's ranks sit (4 ranks, 2 a node, the link
+// 8x slower than loopback): a group inside a node moves at loopback; a ring that spans the nodes
+// waits for its hop across, once per spanning group on the node; an all-to-all sends its off-node
+// share (2 of 3 peers) over a link both of the node's ranks use at once.
+TEST(TimeModel, CollectivesArePricedByWhereTheirRanksSit) {
+  using lt::plan::Pattern;
+  Rates r = closedFormRates();
+  r.linkSecondsPerByte = 8 * r.commSecondsPerByte;
+  const lt::plan::Placement two{4, 2};
+  const double intra = r.commSecondsPerByte, link = r.linkSecondsPerByte;
+  EXPECT_DOUBLE_EQ(lt::plan::collectiveSecondsPerByte({{0, 1}, {2, 3}}, Pattern::AllToAll, two, r), intra);
+  EXPECT_DOUBLE_EQ(lt::plan::collectiveSecondsPerByte({{0, 1, 2, 3}}, Pattern::Ring, two, r), link);
+  EXPECT_DOUBLE_EQ(lt::plan::collectiveSecondsPerByte({{0, 2}, {1, 3}}, Pattern::Ring, two, r), 2 * link);
+  EXPECT_DOUBLE_EQ(lt::plan::collectiveSecondsPerByte({{0, 1, 2, 3}}, Pattern::AllToAll, two, r), 2.0 / 3 * 2 * link);
+  EXPECT_DOUBLE_EQ(lt::plan::collectiveSecondsPerByte({{0, 1, 2, 3}}, Pattern::AllToAll,
+                                                      lt::plan::Placement::oneNode(4), r), intra);
+  // The layout's groups, as comm::makeGroups forms them: SP 4 = Ulysses 2 x ring 2.
+  const auto c = parse(fitConfig(), 4, {"sequence_parallel_size=4", "sequence_parallel_ring_degree=2"});
+  EXPECT_EQ(c.layout.ulyssesGroups(), (std::vector<std::vector<int>>{{0, 1}, {2, 3}}));
+  EXPECT_EQ(c.layout.ringGroups(), (std::vector<std::vector<int>>{{0, 2}, {1, 3}}));
+  // A step: Ulysses 4 over both nodes exposes its all-to-alls at the link's rate. Compute slow enough
+  // to hide ZeRO's all-reduce leaves them the step's only communication.
+  Rates slow = r;
+  slow.linearForward = [](int64_t M, int64_t N, int64_t K) { return 2e3 * M * N * K * kPico; };
+  const auto u4 = parse(fitConfig(), 4, {"sequence_parallel_size=4"});
+  ASSERT_EQ(u4.layout.U, 4);
+  const double T = 2 * 2048 / 4, qkvo = (4 + 2 * 2 + 4) * 32, L = 4;
+  const double bytes = L * 2 * T * qkvo * 4 * 3 / 4;  // forward and backward, 3/4 of each rank's rows leave it
+  const auto across = lt::plan::predictStepTime(u4, two, 4, slow);
+  EXPECT_NEAR(across.comm, bytes * 2.0 / 3 * 2 * link, Tol::kDoubleArithmetic * across.comm);
+  EXPECT_NEAR(lt::plan::predictStepTime(u4, 4, 4, slow).comm, bytes * intra, Tol::kDoubleArithmetic * across.comm);
+}
+
 // A budget between the smallest and the largest candidate: some fit, some do not; every one that
 // fits is within the budget less the margin, re-parses from its own --set list, and the list is
 // fastest first.
@@ -119,7 +152,7 @@ TEST(Fit, EveryChoiceFitsTheBudgetAndTheFastestComesFirst) {
   const int64_t large = lt::plan::predictPeak(parse(j, world, {budgeted}), world, 4).total();
   ASSERT_LT(small, large);
   const int64_t budget = (small + large) / 2;
-  const auto r = lt::plan::fit(base, with, world, budget, closedFormRates());
+  const auto r = lt::plan::fit(base, with, lt::plan::Placement::oneNode(world), budget, closedFormRates());
   ASSERT_FALSE(r.fitting.empty());
   EXPECT_GT(r.tooBig, 0);
   EXPECT_GT(r.invalid, 0);  // batch splits meant for the other SP degree
@@ -137,7 +170,26 @@ TEST(Fit, EveryChoiceFitsTheBudgetAndTheFastestComesFirst) {
     EXPECT_EQ(again.microBatch * again.gradAccum * again.layout.dp, base.trainBatchSize) << c.describe();
   }
   // Nothing fits below the smallest candidate.
-  EXPECT_TRUE(lt::plan::fit(base, with, world, small / 2, closedFormRates()).fitting.empty());
+  EXPECT_TRUE(lt::plan::fit(base, with, lt::plan::Placement::oneNode(world), small / 2, closedFormRates()).fitting.empty());
+}
+
+// On two nodes a slow link keeps the all-to-alls inside a node: no choice that fits puts a Ulysses
+// group across the link ahead of one that does not (the same config otherwise).
+TEST(Fit, ASlowLinkKeepsUlyssesInsideANode) {
+  const json j = fitConfig();
+  const int world = 4;
+  auto with = [&](const std::vector<std::string>& sets) { return parse(j, world, sets); };
+  Rates r = closedFormRates();
+  r.linkSecondsPerByte = 100 * r.commSecondsPerByte;
+  const lt::plan::Placement two{world, 2};
+  const auto f = lt::plan::fit(parse(j, world), with, two, int64_t{8} << 30, r);
+  ASSERT_FALSE(f.fitting.empty());
+  const auto& best = f.fitting.front().cfg;
+  EXPECT_LE(best.layout.U, 2) << f.fitting.front().describe();
+  for (const auto& c : f.fitting)
+    if (c.cfg.layout.U == 4) {
+      EXPECT_GT(c.time.comm, f.fitting.front().time.comm) << c.describe();
+    }
 }
 
 TEST(Fit, AutoTilingTilesOnlyWhatTheBudgetNeeds) {
@@ -171,6 +223,27 @@ std::string writeJson(const std::string& name, const json& j) {
   return lt::testing::writeJsonFile("longtrain_fit_test", name, j).string();
 }
 
+// `longtrain ARGS` exits 1 with `message` in its output.
+void expectRefused(const std::string& args, const std::string& message) {
+  const auto r = sh(kBin + " " + args);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find(message), std::string::npos) << r.out;
+}
+
+// `plan --nnodes` needs the link's rate and prints the launch across nodes.
+TEST(Fit, PlanAcrossNodesNeedsTheLinkAndPlacesTheRanks) {
+  const std::string cfg = writeJson("nodes.json", fitConfig());
+  expectRefused("plan " + cfg + " --nnodes 2 --nproc 2 --fit 2GiB", "needs --link-bandwidth");
+  expectRefused("plan " + cfg + " --nnodes 2 --nproc 2 --link-bandwidth 10GB --fit 2GiB",
+                "--link-bandwidth: cannot read '10GB' as a link rate");
+  const auto p = sh(kBin + " plan " + cfg + " --nnodes 2 --nproc 2 --link-bandwidth 1Gbit/s --fit 2GiB");
+  ASSERT_EQ(p.code, 0) << p.out;
+  EXPECT_NE(p.out.find("fit: 2 nodes x 2 ranks, the link between nodes at 1 Gbit/s"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("--nnodes 2 --nproc-per-node 2 --set"), std::string::npos) << p.out;
+  expectRefused("train " + cfg + " --link-bandwidth 1gbit", "without --fit and --nnodes above 1 it does nothing");
+  expectRefused("plan " + cfg + " --link-bandwidth 1gbit --fit 2GiB", "with one node it does nothing");
+}
+
 // `plan --fit` prints its choice, the runners-up and what it left out; `train --fit` runs the
 // choice and peaks under the budget, and on 2 ranks gives every rank the launcher's choice and
 // peaks under it too. The budget: the fully tiled, recomputed peak (which the config's untiled default
@@ -183,12 +256,8 @@ TEST(Fit, TrainFitRunsItsChoiceUnderTheBudget) {
   ASSERT_EQ(p.code, 0) << p.out;
   for (const char* k : {"fit: ", "chosen: ", "runners-up:", "not considered: SuperOffload", "tokens/s"})
     EXPECT_NE(p.out.find(k), std::string::npos) << k << "\n" << p.out;
-  const auto small = sh(kBin + " plan " + cfg + " --nproc 2 --fit 1MiB");
-  EXPECT_EQ(small.code, 1);
-  EXPECT_NE(small.out.find("nothing fits 1 MiB a rank"), std::string::npos) << small.out;
-  const auto bad = sh(kBin + " train " + cfg + " --fit 12XB");
-  EXPECT_EQ(bad.code, 1);
-  EXPECT_NE(bad.out.find("--fit: cannot read '12XB'"), std::string::npos) << bad.out;
+  expectRefused("plan " + cfg + " --nproc 2 --fit 1MiB", "nothing fits 1 MiB a rank");
+  expectRefused("train " + cfg + " --fit 12XB", "--fit: cannot read '12XB'");
   const std::string metrics = cfg + "l";  // fit.jsonl beside it
   const auto peakOf = [&] {
     std::ifstream f(metrics);

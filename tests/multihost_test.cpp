@@ -180,6 +180,40 @@ TEST_F(TwoHosts, PartitionRestartsAndFinishesExactly) {
   EXPECT_EQ(a.back(), b.back()) << r.out;  // bit-identical final loss
 }
 
+// `train --fit` across two hosts, the link shaped to 200 Mbit/s each way: node 1 measures it through
+// node 0's store, node 0 chooses for the job (its report names the link), node 1's launcher runs
+// node 0's choice, and both nodes' ranks train it to the end.
+TEST_F(TwoHosts, FitAcrossNodesRunsNodeZerosChoiceOnEveryNode) {
+  for (const char* h : {"a", "b"})
+    ASSERT_EQ(runCommand("ip netns exec " + name_ + h + " tc qdisc replace dev " + name_ + "v" + h +
+                         " root tbf rate 200mbit burst 1mb latency 50ms").code, 0);
+  json j = smallConfig(2);
+  j.erase("sequence_parallel_size");
+  auto cfg = lt::testing::writeJsonFile(dir_.filename().string(), "c.json", j);
+  const std::string n1 = (dir_ / "n1.log").string(), metrics = (dir_ / "m.jsonl").string();
+  auto r = runScript("(" + node(1, cfg, "--fit 2GiB") + " > " + n1 + " 2>&1; echo \"node1 exit $?\" >> " + n1 + ") & " +
+                     node(0, cfg, "--fit 2GiB --metrics " + metrics) + "; echo \"node0 exit $?\"; wait; cat " + n1);
+  EXPECT_NE(r.out.find("node0 exit 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("node1 exit 0"), std::string::npos) << r.out;
+  const auto measured = r.out.find("the link to node 0 moves ");
+  ASSERT_NE(measured, std::string::npos) << r.out;
+  const double gbit = std::stod(r.out.substr(measured + 25));
+  EXPECT_GT(gbit, 0.1) << r.out;  // tbf passes its rate; TCP over it reaches most of it
+  EXPECT_LT(gbit, 0.25) << r.out;  // and its 1 MB burst lets the first 8 MiB run ~14% over
+  EXPECT_NE(r.out.find("fit: 2 nodes x 2 ranks, the link between nodes at"), std::string::npos) << r.out;
+  const std::string how = "train runs it with: --nnodes 2 --nproc-per-node 2";
+  const auto chosen = r.out.find(how);
+  ASSERT_NE(chosen, std::string::npos) << r.out;
+  // Node 1 runs exactly the --set flags node 0 printed.
+  const size_t from = chosen + how.size();
+  const std::string flags = r.out.substr(from, r.out.find('\n', from) - from);
+  std::string unquoted;
+  for (char ch : flags)
+    if (ch != '\'') unquoted += ch;
+  EXPECT_NE(r.out.find("runs node 0's choice:" + unquoted), std::string::npos) << unquoted << "\n" << r.out;
+  EXPECT_EQ(losses(metrics).size(), 2u) << r.out;
+}
+
 // Two torchrun-style ranks, one with another --set: both stop before training, naming the key.
 TEST(JobIdentity, RanksThatDisagreeStopNamingTheKey) {
   auto dir = lt::testing::freshTempDir("longtrain_identity_" + std::to_string(::getpid()));

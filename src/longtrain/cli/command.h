@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "longtrain/config/options.h"
+#include "longtrain/plan/time_model.h"
 
 namespace lt::cli {
 
@@ -57,10 +58,11 @@ CLI::Validator optionChoices(std::initializer_list<E> accepted = {}) {
 }
 
 // `plan --fit` and `train --fit`: prints the fit search's report for the config at `path` with
-// `sets`, on `world` ranks within `budget` bytes a rank, and returns the chosen candidate's --set
-// flags (`how` introduces them in the report); an error when nothing fits.
-std::vector<std::string> fitSets(const std::string& path, const std::vector<std::string>& sets, int world,
-                                 int64_t budget, const char* how);
+// `sets`, on `at`'s ranks (across nodes, their link at `linkSecondsPerByte`) within `budget` bytes
+// a rank, and returns the chosen candidate's --set flags (`how` introduces them in the report);
+// an error when nothing fits.
+std::vector<std::string> fitSets(const std::string& path, const std::vector<std::string>& sets,
+                                 const plan::Placement& at, double linkSecondsPerByte, int64_t budget, const char* how);
 
 // --nproc wins; else the config's train.nproc (validated later by parseConfig); else 1.
 int nprocOf(const nlohmann::json& j, int nprocFlag);

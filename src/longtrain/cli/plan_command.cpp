@@ -25,8 +25,8 @@ namespace lt::cli {
 namespace {
 
 struct ConfigFlags {
-  std::string config, maxSeq, fit;
-  int nproc = 0;
+  std::string config, maxSeq, fit, linkBandwidth;
+  int nproc = 0, nnodes = 1;
   std::vector<std::string> sets;
   bool print = false;
 };
@@ -132,9 +132,12 @@ kernels::GemmRoute routeOf(const config::Config& cfg) {
   return cfg.model.gemm == config::GemmChoice::OneDnn ? kernels::GemmRoute::OneDnn : kernels::GemmRoute::Blas;
 }
 
-// Rates at the rank's thread count (restored after).
-plan::Rates ratesFor(const config::Config& cfg, int world) {
-  return train::measuredRates(routeOf(cfg), train::rankThreads(world, cfg.train.threads), world > 1, cfg.train.offloadDir);
+// Rates at the rank's thread count (restored after); across nodes, the link at `linkSecondsPerByte`.
+plan::Rates ratesFor(const config::Config& cfg, const plan::Placement& at, double linkSecondsPerByte) {
+  plan::Rates r = train::measuredRates(routeOf(cfg), train::rankThreads(at.ranksPerNode, cfg.train.threads),
+                                       at.ranksPerNode > 1, cfg.train.offloadDir);
+  if (at.world > at.ranksPerNode) r.linkSecondsPerByte = linkSecondsPerByte;
+  return r;
 }
 
 std::string timeLine(const plan::StepTime& t, double tokens) {
@@ -146,17 +149,21 @@ std::string timeLine(const plan::StepTime& t, double tokens) {
 
 }  // namespace
 
-std::vector<std::string> fitSets(const std::string& path, const std::vector<std::string>& userSets, int world,
-                                 int64_t budget, const char* how) {
+std::vector<std::string> fitSets(const std::string& path, const std::vector<std::string>& userSets,
+                                 const plan::Placement& at, double linkSecondsPerByte, int64_t budget, const char* how) {
+  const int world = at.world;
   const config::Config base = plannedConfig(path, userSets, world);
   train::calibrateProcessBaseline(world, base.train.threads);
-  const plan::Rates rates = ratesFor(base, world);
+  const plan::Rates rates = ratesFor(base, at, linkSecondsPerByte);
   auto with = [&](const std::vector<std::string>& sets) {
     std::vector<std::string> all = userSets;
     all.insert(all.end(), sets.begin(), sets.end());
     return plannedConfig(path, all, world);
   };
-  const plan::FitResult r = plan::fit(base, with, world, budget, rates);
+  const plan::FitResult r = plan::fit(base, with, at, budget, rates);
+  if (world > at.ranksPerNode)
+    std::printf("fit: %d nodes x %d ranks, the link between nodes at %.3g Gbit/s\n", world / at.ranksPerNode,
+                at.ranksPerNode, 8e-9 / linkSecondsPerByte);
   std::printf("fit: %d candidates on %d rank%s: %zu fit %.0f MiB a rank (less %.0f%%), %d over it, %d refused by the "
               "config's rules\n",
               r.considered, world, world > 1 ? "s" : "", r.fitting.size(), mib(budget), 100 * plan::kFitMargin, r.tooBig,
@@ -167,7 +174,8 @@ std::vector<std::string> fitSets(const std::string& path, const std::vector<std:
   const auto& best = r.fitting.front();
   std::printf("chosen: %s\n  peak %.0f MiB a rank predicted (at %s)\n  step %s\n", best.describe().c_str(),
               mib(best.peak.total()), best.peak.phase.c_str(), timeLine(best.time, tokens).c_str());
-  std::string flags = world > 1 ? fmt::format(" --nproc {}", world) : "";
+  std::string flags = world > at.ranksPerNode ? fmt::format(" --nnodes {} --nproc-per-node {}", world / at.ranksPerNode, at.ranksPerNode)
+                      : world > 1 ? fmt::format(" --nproc {}", world) : "";
   for (const auto& s : best.sets) flags += " --set '" + s + "'";
   std::printf("  %s%s\n", how, flags.c_str());
   const size_t shown = std::min<size_t>(r.fitting.size(), 6);
@@ -193,12 +201,25 @@ config::Config withTiling(config::Config cfg, int world, int64_t budget) {
   return cfg;
 }
 
+// The link between nodes: --link-bandwidth, which plan (one machine) cannot measure.
+double linkSecondsPerByte(const ConfigFlags& f) {
+  LT_CHECK(f.nnodes > 1 || f.linkBandwidth.empty(), "--link-bandwidth prices the link between nodes; with one node "
+           "it does nothing: drop it, or add --nnodes N");
+  if (f.nnodes == 1) return 0;
+  LT_CHECK(!f.linkBandwidth.empty(), "plan --nnodes ", f.nnodes, " needs --link-bandwidth, the rate of the link "
+           "between nodes (e.g. 10Gbit/s or 1.25GB/s): plan runs on this machine alone and cannot measure it "
+           "(train --fit measures it)");
+  return 1 / parseLinkRate(f.linkBandwidth, "--link-bandwidth");
+}
+
 int runPlan(const ConfigFlags& f) {
   LT_CHECK(f.maxSeq.empty() || f.fit.empty(), "plan takes --max-seq or --fit, not both");
   nlohmann::json j = config::loadConfigJson(f.config, f.sets);
-  const int world = nprocOf(j, f.nproc);
+  const int perNode = nprocOf(j, f.nproc), world = perNode * f.nnodes;
+  const plan::Placement at{world, perNode};
+  const double link = linkSecondsPerByte(f);
   if (!f.fit.empty()) {
-    (void)fitSets(f.config, f.sets, world, parseByteSize(f.fit, "--fit"), "run it: longtrain train CONFIG");
+    (void)fitSets(f.config, f.sets, at, link, parseByteSize(f.fit, "--fit"), "run it: longtrain train CONFIG");
     return 0;
   }
   config::Config cfg = plannedConfig(f.config, f.sets, world);
@@ -213,7 +234,7 @@ int runPlan(const ConfigFlags& f) {
   }
   printPeak(cfg, world);
   const int k = plan::graphBlocksFor(cfg, world, plan::memoryBudgetFor(cfg, world));
-  std::printf("step %s\n", timeLine(plan::predictStepTime(cfg, world, k, ratesFor(cfg, world)), plan::tokensPerStep(cfg)).c_str());
+  std::printf("step %s\n", timeLine(plan::predictStepTime(cfg, at, k, ratesFor(cfg, at, link)), plan::tokensPerStep(cfg)).c_str());
   return 0;
 }
 
@@ -227,10 +248,12 @@ int runConfig(const ConfigFlags& f) {
   return 0;
 }
 
-// CONFIG, --nproc and --set, as plan and config share them.
-void addConfigOptions(CLI::App* c, ConfigFlags& f) {
+// CONFIG, --nproc and --set, as plan and config share them (plan: --nproc also per node).
+void addConfigOptions(CLI::App* c, ConfigFlags& f, bool perNode) {
   c->add_option("CONFIG", f.config, "path of the JSON config")->required();
-  c->add_option("--nproc", f.nproc, "ranks the config would run on (default: the config's train.nproc)")
+  c->add_option(perNode ? "--nproc,--nproc-per-node" : "--nproc", f.nproc,
+                perNode ? "ranks the config would run on, on each node (default: the config's train.nproc)"
+                        : "ranks the config would run on (default: the config's train.nproc)")
       ->check(CLI::Range(1, 1024));
   c->add_option("--set", f.sets, "override a config key by its dotted path with a JSON value (repeatable)");
 }
@@ -249,9 +272,14 @@ Command planCommand(CLI::App& app) {
   auto f = std::make_shared<ConfigFlags>();
   auto* plan = app.add_subcommand("plan", "predict each rank's peak memory for a config, or (--max-seq) the "
                                           "longest seq_len within a per-rank budget; runs nothing");
-  addConfigOptions(plan, *f);
+  addConfigOptions(plan, *f, true);
   plan->add_option("--fit", f->fit, "per-rank byte budget: the layout, ZeRO stage, tiling, micro-batch split and "
                                      "recompute set that fit it and are predicted fastest, with runners-up");
+  plan->add_option("--nnodes", f->nnodes, "nodes the job would run on, --nproc ranks each (ranks fill a node "
+                                         "before the next, as train's launcher places them)")
+      ->check(CLI::Range(1, 4096));
+  plan->add_option("--link-bandwidth", f->linkBandwidth, "with --nnodes: the link between nodes, one direction "
+                                                          "(10Gbit/s, 1gbit, 1.25GB/s)");
   plan->add_option("--max-seq", f->maxSeq, "per-rank byte budget (4GiB, 512MiB, 1.5GB or plain bytes): print the "
                                            "longest seq_len that fits, and the ablation ladder's");
   return {plan, [f] { return runPlan(*f); }};
@@ -261,7 +289,7 @@ Command configCommand(CLI::App& app) {
   auto f = std::make_shared<ConfigFlags>();
   auto* c = app.add_subcommand("config", "check a config (every rule `train` applies) and, with --print, print it "
                                          "with every default filled in, as JSON");
-  addConfigOptions(c, *f);
+  addConfigOptions(c, *f, false);
   c->add_flag("--print", f->print, "print the effective config: every key, given or default, as train would use it");
   return {c, [f] { return runConfig(*f); }};
 }

@@ -29,7 +29,7 @@ namespace lt::cli {
 namespace {
 
 struct TrainFlags {
-  std::string config, metrics, resume, trace, fit;
+  std::string config, metrics, resume, trace, fit, linkBandwidth;
   bool printProgram = false;
   int nproc = 0;  // per node; 0: the config's train.nproc
   int maxRestarts = 0;
@@ -40,9 +40,28 @@ struct TrainFlags {
   CLI::Option* resumeOption = nullptr;  // --resume given (with or without a directory)
 };
 
+// --fit across nodes: node 0 chooses for the job (comm::LaunchOptions::chooseOnNodeZero), with the
+// link --link-bandwidth gives or node 1 measures, and every node's ranks run that choice.
+void fitOnNodeZero(comm::LaunchOptions& lo, const TrainFlags& fl, int nproc) {
+  const plan::Placement at{nproc * fl.nnodes, nproc};
+  const int64_t budget = parseByteSize(fl.fit, "--fit");
+  const double given = fl.linkBandwidth.empty() ? 0 : 1 / parseLinkRate(fl.linkBandwidth, "--link-bandwidth");
+  lo.measureLink = given == 0;
+  lo.chooseOnNodeZero = [fl, at, budget, given](double measured) {
+    std::vector<std::string> args;
+    for (const auto& s : fitSets(fl.config, fl.sets, at, given > 0 ? given : measured, budget, "train runs it with:")) {
+      args.push_back("--set");
+      args.push_back(s);
+    }
+    std::fflush(stdout);
+    return args;
+  };
+}
+
 // Several nodes (--nnodes, --master-addr) or several local ranks: this process launches.
 int launchRanks(const std::vector<std::string>& args, const TrainFlags& fl, const config::Config& cfg, int nproc) {
   comm::LaunchOptions lo;
+  if (!fl.fit.empty()) fitOnNodeZero(lo, fl, nproc);
   lo.nprocPerNode = nproc;
   lo.nnodes = fl.nnodes;
   lo.nodeRank = fl.nodeRank;
@@ -107,10 +126,12 @@ int runRank(const config::Config& cfg, const TrainFlags& fl, const std::string& 
 }
 
 // What train refuses before launching: memory, the resume source, the directories it writes.
-std::string checkBeforeLaunch(const config::Config& cfg, const TrainFlags& fl, bool inRank, int world, int nproc) {
+// `fitLater`: node 0 chooses after launch (--fit across nodes), and the ranks check its choice.
+std::string checkBeforeLaunch(const config::Config& cfg, const TrainFlags& fl, bool inRank, int world, int nproc,
+                              bool fitLater) {
   const int localRanks = inRank ? comm::envInt("LOCAL_WORLD_SIZE", 1) : nproc;
   plan::preflightCounts(cfg, localRanks);
-  plan::preflightMemory(cfg, world, localRanks);
+  if (!fitLater) plan::preflightMemory(cfg, world, localRanks);
   std::string resume = fl.resume;
   if (fl.resumeOption->count() > 0 && resume.empty()) {
     resume = cfg.train.checkpoint.dir;
@@ -124,13 +145,14 @@ std::string checkBeforeLaunch(const config::Config& cfg, const TrainFlags& fl, b
   return resume;
 }
 
-// The command line without --fit BUDGET, with the choice's --set flags after it: what the ranks run.
+// The command line without --fit BUDGET and --link-bandwidth RATE, with the choice's --set flags
+// after it: what the ranks run.
 std::vector<std::string> withFitApplied(int argc, char** argv, const std::vector<std::string>& chosen) {
   std::vector<std::string> args;
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--fit") ++i;
-    else if (a.rfind("--fit=", 0) != 0) args.push_back(a);
+    if (a == "--fit" || a == "--link-bandwidth") ++i;
+    else if (a.rfind("--fit=", 0) != 0 && a.rfind("--link-bandwidth=", 0) != 0) args.push_back(a);
   }
   for (const auto& s : chosen) {
     args.push_back("--set");
@@ -142,13 +164,22 @@ std::vector<std::string> withFitApplied(int argc, char** argv, const std::vector
 int runTrain(int argc, char** argv, TrainFlags fl) {
   const bool inRank = std::getenv("WORLD_SIZE") != nullptr;
   std::vector<std::string> args(argv, argv + argc);
+  LT_CHECK(fl.linkBandwidth.empty() || (!fl.fit.empty() && fl.nnodes > 1), "--link-bandwidth prices --fit's "
+           "choices across nodes; without --fit and --nnodes above 1 it does nothing: drop it");
+  const bool fitLater = !fl.fit.empty() && fl.nnodes > 1;
   if (!fl.fit.empty()) {
     LT_CHECK(!inRank, "--fit is chosen by longtrain's own launcher, once for all its ranks; under another launcher, run "
              "`longtrain plan CONFIG --nproc N --fit ", fl.fit, "` and pass the --set flags it prints");
-    const int nproc = nprocOf(config::loadConfigJson(fl.config, fl.sets), fl.nproc);
-    const auto chosen = fitSets(fl.config, fl.sets, nproc * fl.nnodes, parseByteSize(fl.fit, "--fit"), "train runs it with:");
-    std::fflush(stdout);
-    fl.sets.insert(fl.sets.end(), chosen.begin(), chosen.end());
+    (void)parseByteSize(fl.fit, "--fit");  // every node refuses a bad value before it launches
+    if (!fl.linkBandwidth.empty()) (void)parseLinkRate(fl.linkBandwidth, "--link-bandwidth");
+    std::vector<std::string> chosen;
+    if (!fitLater) {
+      const int nproc = nprocOf(config::loadConfigJson(fl.config, fl.sets), fl.nproc);
+      chosen = fitSets(fl.config, fl.sets, plan::Placement::oneNode(nproc), 0, parseByteSize(fl.fit, "--fit"),
+                       "train runs it with:");
+      std::fflush(stdout);
+      fl.sets.insert(fl.sets.end(), chosen.begin(), chosen.end());
+    }
     args = withFitApplied(argc, argv, chosen);
   }
   nlohmann::json j = config::loadConfigJson(fl.config, fl.sets);
@@ -158,7 +189,7 @@ int runTrain(int argc, char** argv, TrainFlags fl) {
   if (!inRank)  // once per node: the launcher's, or the only process's
     for (const auto& line : cfg.notices) std::printf("longtrain: %s\n", line.c_str());
   std::fflush(stdout);  // before any rank's output
-  const std::string resume = checkBeforeLaunch(cfg, fl, inRank, world, nproc);
+  const std::string resume = checkBeforeLaunch(cfg, fl, inRank, world, nproc, fitLater);
   if (!inRank && (nproc > 1 || fl.maxRestarts > 0 || fl.nnodes > 1 || !fl.masterAddr.empty())) {
     train::checkInputs(cfg);  // once here, not once per rank
     return launchRanks(args, fl, cfg, nproc);
@@ -195,7 +226,9 @@ Command trainCommand(CLI::App& app, int argc, char** argv) {
                                        "--set zero_optimization.stage=3 (repeatable)");
   train->add_option("--fit", fl->fit, "per-rank byte budget (4GiB, 512MiB): choose the layout, ZeRO stage, tiling, "
                                       "micro-batch split and recompute set that fit it and are predicted fastest "
-                                      "(as plan --fit), and train with them");
+                                      "(as plan --fit), and train with them; across nodes node 0 chooses for all");
+  train->add_option("--link-bandwidth", fl->linkBandwidth, "with --fit across nodes: the link between nodes "
+                                                            "(10Gbit/s, 1.25GB/s); default: node 1 measures it");
   train->add_option("--metrics", fl->metrics, "write one JSON object per optimizer step to this file (rank 0; "
                                               "appended to when resuming)");
   train->add_flag("--print-program", fl->printProgram, "print the step program before training");

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <atomic>
@@ -269,6 +270,40 @@ class NodeStore {
       return std::nullopt;
     }
   }
+  // The job's extra arguments (LaunchOptions::chooseOnNodeZero): node 1 measures the link if
+  // asked, node 0 chooses, every node waits for node 0's choice within --rdzv-timeout.
+  std::vector<std::string> agree() {
+    const auto deadline = Clock::now() + o_.rdzvTimeout;
+    if (o_.nodeRank == 1 && o_.measureLink) publish("lt/launch/link", fmt::format("{:.9e}", linkSecondsPerByte()), deadline);
+    if (o_.nodeRank != 0) {
+      const std::string got = waitFor("lt/launch/choice", deadline, "node 0's choice");
+      LT_CHECK(got.rfind("ok\n", 0) == 0, "node 0 could not choose for the job: ", got.substr(got.find('\n') + 1));
+      std::vector<std::string> args;
+      for (size_t at = 3; at < got.size();) {
+        const size_t end = std::min(got.find('\n', at), got.size());
+        args.push_back(got.substr(at, end - at));
+        at = end + 1;
+      }
+      std::string shown;
+      for (const auto& a : args) shown += " " + a;
+      std::printf("longtrain launcher (node %d): runs node 0's choice:%s\n", o_.nodeRank, shown.c_str());
+      std::fflush(stdout);
+      return args;
+    }
+    const double link = o_.measureLink ? std::stod(waitFor("lt/launch/link", deadline, "node 1's link measurement")) : 0;
+    std::vector<std::string> args;
+    try {
+      args = o_.chooseOnNodeZero(link);
+    } catch (const std::exception& e) {
+      publish("lt/launch/choice", "error\n" + firstLine(e.what()), deadline);
+      throw;
+    }
+    std::string joined = "ok";
+    for (const auto& a : args) joined += "\n" + a;
+    publish("lt/launch/choice", joined, deadline);
+    return args;
+  }
+
   // Records this node's outcome ("ok", "fail", "stop<signal>") and returns every node's, in
   // node order; a node that does not report within `wait` counts as "fail (...)", and so does
   // every other node when node 0's store stays out of reach that long.
@@ -298,6 +333,51 @@ class NodeStore {
   static std::string attemptKey(int a) { return "lt/launch/a" + std::to_string(a) + "/"; }
   static std::string beatKey(int n) { return "lt/launch/hb" + std::to_string(n); }
 
+  // Node 1 to node 0's store: the best of 4 sends of 8 MiB, in seconds per byte. A set is not
+  // answered (it returns once the socket buffer takes it), so each is timed to the answer of a
+  // check behind it on the same connection, which the store sends after reading the whole set.
+  double linkSecondsPerByte() {
+    constexpr size_t kProbe = 8 << 20;
+    const std::vector<uint8_t> blob(kProbe, 0x5a);
+    double best = 1e30;
+    for (int i = 0; i < 4; ++i) {
+      const auto t0 = Clock::now();
+      link_.call([&blob](c10d::TCPStore& s) { return s.set("lt/launch/link_probe", blob), s.check({"lt/launch/link_probe"}); });
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    link_.call([](c10d::TCPStore& s) { return s.deleteKey("lt/launch/link_probe"); });
+    std::printf("longtrain launcher (node 1): the link to node 0 moves %.3g Gbit/s (8 MiB through its store)\n",
+                8e-9 * kProbe / best);
+    std::fflush(stdout);
+    return best / kProbe;
+  }
+  void publish(const std::string& key, const std::string& value, Clock::time_point deadline) {
+    for (;;) {
+      try {
+        reconnect(deadline, "publishing " + key);
+        link_.call([&](c10d::TCPStore& s) { return s.set(key, bytes(value)), true; });
+        return;
+      } catch (const StoreLost& e) {
+        noteLost(e.what());
+      }
+    }
+  }
+  std::string waitFor(const std::string& key, Clock::time_point deadline, const std::string& what) {
+    for (;;) {
+      try {
+        reconnect(deadline, "waiting for " + what);
+        const auto got = link_.call([&](c10d::TCPStore& s) {
+          return s.check({key}) ? std::optional<std::string>(text(s.get(key))) : std::nullopt;
+        });
+        if (got) return *got;
+      } catch (const StoreLost& e) {
+        noteLost(e.what());
+      }
+      LT_CHECK(Clock::now() < deadline, "node ", o_.nodeRank, ": ", what, " did not arrive within --rdzv-timeout ",
+               o_.rdzvTimeout.count() / 1000, " s");
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+  }
   void noteLost(const std::string& why) {
     if (!link_.connected() && !lostSaid_)
       std::fprintf(stderr, "longtrain launcher (node %d): lost %s (%s); its ranks go on, and it reconnects\n",
@@ -602,10 +682,15 @@ int launch(const std::vector<std::string>& argv, const LaunchOptions& o) {
   if (several) nodes = std::make_unique<NodeStore>(o);
   const char* envRun = std::getenv("LONGTRAIN_RUN_ID");
   const std::string runId = nodes ? nodes->runId() : envRun && *envRun ? envRun : randomId();
+  std::vector<std::string> args = argv;
+  if (nodes && o.chooseOnNodeZero) {
+    const auto extra = nodes->agree();
+    args.insert(args.end(), extra.begin(), extra.end());
+  }
   ::signal(SIGTERM, onSignal);
   ::signal(SIGINT, onSignal);
   for (int attempt = 0;; ++attempt) {
-    const int rc = runAttempt(argv, o, nodes.get(), attempt, runId);
+    const int rc = runAttempt(args, o, nodes.get(), attempt, runId);
     if (rc != 1) return rc;
     if (gFirstSignal.load()) return 128 + gFirstSignal.load();
     if (attempt >= o.maxRestarts) {

@@ -20,6 +20,7 @@
 // kills the ranks at once. Children die with the launcher (PR_SET_PDEATHSIG).
 #pragma once
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,12 @@ struct LaunchOptions {
   std::chrono::milliseconds grace{60000};
   std::chrono::milliseconds rdzvTimeout{900000};  // waiting for node 0's store and the other nodes, each attempt
   int maxRestarts = 0;
+  // Several nodes: node 0 calls this once, before the first attempt, with the link between nodes
+  // in seconds per byte (`measureLink`: node 1 times sending through node 0's store; else 0), and
+  // every node's ranks get the arguments it returns appended (train --fit: node 0's choice is the
+  // job's, so nodes whose rates differ cannot choose differently). Null: nothing to agree on.
+  std::function<std::vector<std::string>(double linkSecondsPerByte)> chooseOnNodeZero;
+  bool measureLink = false;
 };
 
 // argv: the full command line to run in each rank (argv[0] is replaced by this executable).

@@ -65,4 +65,23 @@ std::string ParallelLayout::describe() const {
   return s.str();
 }
 
+ParallelLayout::Groups ParallelLayout::ulyssesGroups() const {
+  Groups out;
+  for (int first = 0; first < world; first += U) {
+    out.emplace_back();
+    for (int i = 0; i < U; ++i) out.back().push_back(first + i);
+  }
+  return out;
+}
+
+ParallelLayout::Groups ParallelLayout::ringGroups() const {
+  Groups out;
+  for (int sp = 0; sp < world; sp += P)
+    for (int u = 0; u < U; ++u) {
+      out.emplace_back();
+      for (int r = 0; r < R; ++r) out.back().push_back(sp + spRankOf(r, u));
+    }
+  return out;
+}
+
 }  // namespace lt::config

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "longtrain/config/options.h"
 
@@ -40,6 +41,14 @@ struct ParallelLayout {
   // True when the plain Ulysses path is exact: no ring and contiguous shards.
   bool ulyssesOnly() const { return R == 1 && !zigzag; }
   std::string describe() const;  // e.g. "Ulysses 2 x ring 2, zigzag"
+
+  // The world ranks of every group of a kind, each ascending, as comm::makeGroups forms them
+  // (comm cannot depend on config, so it restates the rule; this is what the time model places
+  // on nodes): SP group i is ranks iP .. iP+P-1, its Ulysses groups U adjacent ranks, its ring
+  // groups R ranks striding by U.
+  using Groups = std::vector<std::vector<int>>;
+  Groups ulyssesGroups() const;
+  Groups ringGroups() const;
 };
 
 }  // namespace lt::config

@@ -69,4 +69,32 @@ int64_t parseByteSize(const std::string& text, const std::string& what) {
   return static_cast<int64_t>(bytes);
 }
 
+double parseLinkRate(const std::string& text, const std::string& what) {
+  auto bad = [&](const std::string& why) {
+    LT_CHECK(false, what, ": cannot read '", text, "' as a link rate (", why,
+             "); expected bits, e.g. 10Gbit/s, 1gbit or 100Mbit, or bytes a second, e.g. 1.25GB/s or 100MiB/s");
+  };
+  std::string lower = text;
+  for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const bool perSecond = lower.size() > 2 && lower.compare(lower.size() - 2, 2, "/s") == 0;
+  const std::string body = perSecond ? text.substr(0, text.size() - 2) : text;
+  std::string unit = perSecond ? lower.substr(0, lower.size() - 2) : lower;
+  if (unit.size() >= 3 && unit.compare(unit.size() - 3, 3, "bit") == 0) {
+    size_t i = 0;
+    while (i < unit.size() && (std::isdigit(static_cast<unsigned char>(unit[i])) || unit[i] == '.')) ++i;
+    const std::string num = unit.substr(0, i), prefix = unit.substr(i, unit.size() - 3 - i);
+    const std::pair<const char*, double> prefixes[] = {{"", 1}, {"k", 1e3}, {"m", 1e6}, {"g", 1e9}, {"t", 1e12}};
+    double mult = 0;
+    for (const auto& [name, m] : prefixes)
+      if (prefix == name) mult = m;
+    if (num.empty() || std::count(num.begin(), num.end(), '.') > 1) bad("no number");
+    if (mult == 0) bad("unknown unit '" + text.substr(i) + "'");
+    const double bits = std::strtod(num.c_str(), nullptr) * mult;
+    if (!(bits >= 8)) bad("not a positive rate");
+    return bits / 8;
+  }
+  if (!perSecond) bad("a rate in bytes needs '/s'");
+  return static_cast<double>(parseByteSize(body, what));
+}
+
 }  // namespace lt

@@ -18,5 +18,9 @@ std::string firstLine(const std::string& s);
 // 1024), KB, MB, GB, TB (powers of 1000), K/M/G/T as the binary ones; case-insensitive.
 // An unparsable or non-positive value is an lt::Error naming `what` and the value.
 int64_t parseByteSize(const std::string& text, const std::string& what);
+// A link's rate -> bytes per second: bits as tc and NIC data sheets write them ("10Gbit/s",
+// "1gbit", "100Mbit"; k/m/g/t decimal) or bytes per second in parseByteSize's units ("1.25GB/s",
+// "100MiB/s"; the "/s" is required, so "1GB" is not read as gigabits). An lt::Error names `what`.
+double parseLinkRate(const std::string& text, const std::string& what);
 
 }  // namespace lt

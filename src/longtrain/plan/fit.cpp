@@ -105,8 +105,9 @@ std::string Candidate::describe() const {
                      c.model.layers - graphBlocks, c.model.layers, c.train.offloadDir.empty() ? "" : ", disk offload");
 }
 
-FitResult fit(const config::Config& base, const ConfigWith& with, int world, int64_t budget, const Rates& rates) {
+FitResult fit(const config::Config& base, const ConfigWith& with, const Placement& at, int64_t budget, const Rates& rates) {
   FitResult out;
+  const int world = at.world;
   const std::vector<std::string> fixed = {"model.attention=\"fused\"", "activation_checkpointing=\"auto\"",
                                           fmt::format("train.memory_budget={}", budget)};
   for (auto sets : product({layouts(world), zeroStages(world), tilings(), batchSplits(base, world), offloads(base)})) {
@@ -126,7 +127,7 @@ FitResult fit(const config::Config& base, const ConfigWith& with, int world, int
       continue;
     }
     c.sets = std::move(sets);
-    c.time = predictStepTime(c.cfg, world, c.graphBlocks, rates);
+    c.time = predictStepTime(c.cfg, at, c.graphBlocks, rates);
     out.fitting.push_back(std::move(c));
   }
   // Fastest first; at the same time, less traffic on the links, then less memory.

@@ -34,9 +34,9 @@ struct FitResult {
 // config's rules refuse the combination.
 using ConfigWith = std::function<config::Config(const std::vector<std::string>&)>;
 
-// Candidates of `base` on `world` ranks that fit `budget` bytes a rank (fitBytes), ranked by
+// Candidates of `base` on `at`'s ranks that fit `budget` bytes a rank (fitBytes), ranked by
 // predicted step time under `rates`.
-FitResult fit(const config::Config& base, const ConfigWith& with, int world, int64_t budget, const Rates& rates);
+FitResult fit(const config::Config& base, const ConfigWith& with, const Placement& at, int64_t budget, const Rates& rates);
 
 // The loss tile sizes --fit and "auto" choose from, least tiling first (0: the whole logits).
 inline constexpr int64_t kLossChunkChoices[] = {0, 1024, 256};

@@ -1,16 +1,52 @@
 // The time model (time_model.h): the work of one step, priced by the measured rates. Non-obvious:
 // communication that the program overlaps (ZeRO's gathers and reduce-scatters behind backward,
 // the ring's K/V steps behind attention) costs only what its compute does not hide; Ulysses'
-// all-to-alls sit on the critical path and cost in full.
+// all-to-alls sit on the critical path and cost in full. Across nodes, each collective is priced
+// by where its group's ranks sit (secondsPerByte below).
 #include "longtrain/plan/time_model.h"
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
+#include "longtrain/config/parallel_layout.h"
 #include "longtrain/config/validate.h"
 #include "longtrain/plan/memory_model.h"
 
 namespace lt::plan {
+
+double collectiveSecondsPerByte(const std::vector<std::vector<int>>& groups, Pattern p, const Placement& at,
+                                const Rates& r) {
+  const int K = std::max(1, at.ranksPerNode);
+  auto node = [K](int rank) { return rank / K; };
+  std::vector<int> hops(static_cast<size_t>(at.world / K + 1), 0), senders(hops.size(), 0);
+  auto spans = [&](const std::vector<int>& g) { return node(g.front()) != node(g.back()); };
+  for (const auto& g : groups) {
+    if (!spans(g)) continue;
+    for (size_t i = 0; i < g.size(); ++i) {
+      senders[node(g[i])] += 1;
+      if (i == 0 || node(g[i]) != node(g[i - 1])) hops[node(g[i])] += 1;
+    }
+  }
+  double worst = 0;
+  for (const auto& g : groups) {
+    if (g.size() < 2) continue;
+    if (!spans(g) || r.linkSecondsPerByte <= 0) {
+      worst = std::max(worst, r.commSecondsPerByte);
+      continue;
+    }
+    for (int m : g) {
+      if (p == Pattern::Ring) {
+        worst = std::max({worst, r.commSecondsPerByte, r.linkSecondsPerByte * hops[node(m)]});
+        continue;
+      }
+      const double off = static_cast<double>(std::count_if(g.begin(), g.end(), [&](int q) { return node(q) != node(m); })) /
+                         static_cast<double>(g.size() - 1);
+      worst = std::max({worst, (1 - off) * r.commSecondsPerByte, off * r.linkSecondsPerByte * senders[node(m)]});
+    }
+  }
+  return worst;
+}
 
 namespace {
 
@@ -105,31 +141,38 @@ LossTime lossTime(const Shape& s, const Rates& r, double* ops) {
 }
 
 struct Comm {
-  double exposed = 0, hidden = 0;  // on the critical path; overlapped with backward
+  double exposed = 0, hidden = 0;  // seconds on the critical path; overlapped with backward
 };
 
-// Bytes each rank sends in a micro-step's SP collectives, and ZeRO's in an optimizer step.
-Comm commBytes(const config::Config& c, const Shape& s, int world, double recomputed) {
+
+// A micro-step's SP collectives and an optimizer step's ZeRO ones, in seconds on `at`'s links.
+Comm commSeconds(const config::Config& c, const Shape& s, const Placement& at, double recomputed, const Rates& r) {
   Comm b;
   const double passes = 2 + recomputed / std::max(1.0, s.L);  // forward, backward, recompute's forwards
   if (s.ulysses > 1)  // q, k, v in and the output back, each (U - 1) / U of the rank's tokens
-    b.exposed += s.L * passes * s.T * ((s.heads + 2 * s.kvHeads) * s.headDim + s.heads * s.headDim) * kF * (s.ulysses - 1) / s.ulysses;
+    b.exposed += s.L * passes * s.T * ((s.heads + 2 * s.kvHeads) * s.headDim + s.heads * s.headDim) * kF *
+                 (s.ulysses - 1) / s.ulysses * collectiveSecondsPerByte(c.layout.ulyssesGroups(), Pattern::AllToAll, at, r);
   if (s.ring > 1) {  // K and V one step round the ring R - 1 times; backward's dK/dV partials too
     const double kv = s.T * 2 * std::max(1.0, s.kvHeads / s.ulysses) * s.headDim * kF;
-    b.hidden += s.L * (passes + 1) * (s.ring - 1) * kv;
+    b.hidden += s.L * (passes + 1) * (s.ring - 1) * kv * collectiveSecondsPerByte(c.layout.ringGroups(), Pattern::Ring, at, r);
   }
+  const int world = at.world;
+  if (world == 1) return b;
   const double n = static_cast<double>(c.model.numParams()) * kF;
   const double share = static_cast<double>(world - 1) / world;
-  if (world == 1) return b;
   const double reduceBytes = c.precision.communication == config::CommDtype::Bf16 ? n / 2 : n;
   const double gatherBytes = c.precision.bf16 && c.precision.gathers ? n / 2 : n;
   const double accum = static_cast<double>(c.gradAccum);
+  double bytes = 0;  // ZeRO's collectives span the world
   switch (c.zero.stage) {
-    case 0: b.hidden += 2 * share * reduceBytes; break;  // one all-reduce at the step
-    case 1: b.hidden += share * (reduceBytes + gatherBytes); break;
-    case 2: b.hidden += share * (accum * reduceBytes + gatherBytes); break;
-    default: b.hidden += accum * share * (reduceBytes + passes * gatherBytes); break;
+    case 0: bytes = 2 * share * reduceBytes; break;  // one all-reduce at the step
+    case 1: bytes = share * (reduceBytes + gatherBytes); break;
+    case 2: bytes = share * (accum * reduceBytes + gatherBytes); break;
+    default: bytes = accum * share * (reduceBytes + passes * gatherBytes); break;
   }
+  std::vector<int> all(static_cast<size_t>(world));
+  for (int i = 0; i < world; ++i) all[static_cast<size_t>(i)] = i;
+  b.hidden += bytes * collectiveSecondsPerByte({all}, Pattern::Ring, at, r);
   return b;
 }
 
@@ -139,7 +182,8 @@ double tokensPerStep(const config::Config& c) {
   return static_cast<double>(c.trainBatchSize) * static_cast<double>(c.data.seqLen);
 }
 
-StepTime predictStepTime(const config::Config& c, int world, int graphBlocks, const Rates& r) {
+StepTime predictStepTime(const config::Config& c, const Placement& at, int graphBlocks, const Rates& r) {
+  const int world = at.world;
   const Shape s = shapeOf(c);
   const double recomputed = std::max(0.0, s.L - graphBlocks);
   const double accum = static_cast<double>(c.gradAccum);
@@ -166,10 +210,10 @@ StepTime predictStepTime(const config::Config& c, int world, int graphBlocks, co
   const double owned = c.zero.stage >= 1 ? params / world : params;
   t.optimizer = owned * r.adamSecondsPerElement + params * kF * 2 * r.streamSecondsPerByte(params * kF);
   t.overhead += (c.model.layers * 9 + 3) * kOpsPerParameter * r.opSeconds;
-  const Comm b = commBytes(c, s, world, recomputed);
+  const Comm b = commSeconds(c, s, at, recomputed, r);
   const double compute = t.gemm + t.attention + t.pointwise;
-  const double overlapped = b.hidden * r.commSecondsPerByte, hideable = 2.0 / 3.0 * compute;
-  t.comm = accum * b.exposed * r.commSecondsPerByte + std::max(0.0, overlapped - hideable);
+  const double overlapped = b.hidden, hideable = 2.0 / 3.0 * compute;
+  t.comm = accum * b.exposed + std::max(0.0, overlapped - hideable);
   t.commHidden = std::min(overlapped, hideable);
   if (!c.train.offloadDir.empty() && r.diskSecondsPerByte > 0) {
     const double bytes = accum * 2 * recomputed * s.T * s.hidden * kF;  // kept inputs out, and back

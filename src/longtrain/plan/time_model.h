@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "longtrain/config/config.h"
 
@@ -31,6 +32,8 @@ struct Rates {
   double adamSecondsPerElement = 0;
   // A collective's bytes between this host's ranks: seconds per byte each rank sends.
   double commSecondsPerByte = 0;
+  // A byte across the link between nodes, one direction (a node's ranks share it); 0: one node.
+  double linkSecondsPerByte = 0;
   // train.offload_dir: seconds per byte written and read back (0: unmeasured, no offload).
   double diskSecondsPerByte = 0;
 };
@@ -49,9 +52,31 @@ struct StepTime {
   double total() const { return gemm + attention + pointwise + overhead + optimizer + comm + disk; }
 };
 
-// One optimizer step of `cfg` on `world` ranks when the last `graphBlocks` blocks keep their graph
+// Where a job's ranks run: `ranksPerNode` adjacent ranks share a node (the launcher's rank order,
+// torchrun's), so a group whose ranks span nodes sends over the link between them.
+struct Placement {
+  int world = 1, ranksPerNode = 1;
+  static Placement oneNode(int world) { return {world, world}; }
+};
+
+// How a collective moves its bytes: a ring (all-reduce, reduce-scatter, all-gather, the ring
+// attention's K/V steps: each step waits for its slowest hop) or all-to-all (every pair at once).
+enum class Pattern { Ring, AllToAll };
+
+// Seconds per byte a member sends in a collective over each of `groups` (world ranks, ascending),
+// the slowest group's. Within a node: the loopback rate. A ring that spans nodes waits each step
+// for its hop across, and a node's link carries one such hop for every spanning group with ranks
+// on it. An all-to-all sends each member's off-node share over the link, which every member on
+// the node of a spanning group uses at once.
+double collectiveSecondsPerByte(const std::vector<std::vector<int>>& groups, Pattern p, const Placement& at,
+                                const Rates& r);
+
+// One optimizer step of `cfg` on `at`'s ranks when the last `graphBlocks` blocks keep their graph
 // (the others are recomputed in backward).
-StepTime predictStepTime(const config::Config& cfg, int world, int graphBlocks, const Rates& rates);
+StepTime predictStepTime(const config::Config& cfg, const Placement& at, int graphBlocks, const Rates& rates);
+inline StepTime predictStepTime(const config::Config& cfg, int world, int graphBlocks, const Rates& rates) {
+  return predictStepTime(cfg, Placement::oneNode(world), graphBlocks, rates);
+}
 
 // Tokens one optimizer step trains over the whole job: train_batch_size x seq_len.
 double tokensPerStep(const config::Config& cfg);
