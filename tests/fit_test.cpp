@@ -102,6 +102,19 @@ TEST(TimeModel, AttentionScalesByCausalPairsAndRingBalance) {
   EXPECT_NEAR(lt::plan::predictStepTime(con, 4, 4, closedFormRates()).attention, z * (2 - 0.25), Tol::kDoubleArithmetic * expected);
 }
 
+// Under a budget freed pages go back to the system, and a step re-faults what it writes: half the
+// bytes its pointwise passes and loss stream (at the closed-form 10 GB/s, pointwise seconds / 1e-10).
+TEST(TimeModel, DecommitRefaultsWhatAStepWrites) {
+  Rates r = closedFormRates();
+  r.refaultSecondsPerByte = 3e-10;
+  EXPECT_EQ(lt::plan::predictStepTime(parse(fitConfig(), 1), 1, 4, r).decommit, 0);  // no budget: nothing returned
+  const auto budgeted = parse(fitConfig(), 1, {"train.memory_budget=\"1GiB\""});
+  const auto t = lt::plan::predictStepTime(budgeted, 1, 4, r);
+  EXPECT_NEAR(t.decommit, 0.5 * t.pointwise / 1e-10 * 3e-10, Tol::kDoubleArithmetic * t.decommit);
+  EXPECT_NEAR(t.total() - t.decommit, lt::plan::predictStepTime(parse(fitConfig(), 1), 1, 4, r).total(),
+              Tol::kDoubleArithmetic * t.total());
+}
+
 // Across nodes a collective is priced by where its group's ranks sit (4 ranks, 2 a node, the link
 // 8x slower than loopback): a group inside a node moves at loopback; a ring that spans the nodes
 // waits for its hop across, once per spanning group on the node; an all-to-all sends its off-node

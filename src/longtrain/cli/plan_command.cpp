@@ -142,9 +142,9 @@ plan::Rates ratesFor(const config::Config& cfg, const plan::Placement& at, doubl
 
 std::string timeLine(const plan::StepTime& t, double tokens) {
   return fmt::format("{:.3f} s a step, {:.0f} tokens/s (gemm {:.3f}, attention {:.3f}, pointwise {:.3f}, overhead {:.3f}, "
-                     "optimizer {:.3f}, comm {:.3f}, disk {:.3f}){}",
+                     "optimizer {:.3f}, comm {:.3f}, disk {:.3f}, decommit {:.3f}){}",
                      t.total(), tokens / t.total(), t.gemm, t.attention, t.pointwise, t.overhead, t.optimizer, t.comm,
-                     t.disk, t.modelled.empty() ? "" : "; " + t.modelled);
+                     t.disk, t.decommit, t.modelled.empty() ? "" : "; " + t.modelled);
 }
 
 }  // namespace

@@ -128,7 +128,7 @@ double pointwiseBytesPerToken(const Shape& s) {
 
 // The loss over the rank's tokens: its head products (gemm) and the softmax's passes (pointwise).
 struct LossTime {
-  double gemm = 0, pointwise = 0;
+  double gemm = 0, pointwise = 0, bytes = 0;  // bytes: what the softmax's passes stream
 };
 LossTime lossTime(const Shape& s, const Rates& r, double* ops) {
   const double chunk = s.lossTile;
@@ -137,7 +137,7 @@ LossTime lossTime(const Shape& s, const Rates& r, double* ops) {
   *ops += chunks * kOpsPerLossChunk;
   const double bytes = s.T * s.vocab * kF * 4;  // logits: written, read by the softmax, its gradient written, read
   return {chunks * (r.linearForward(M, V, D) + r.linearBackward(M, V, D)),
-          bytes * r.streamSecondsPerByte(s.batch * chunk * s.vocab * kF)};
+          bytes * r.streamSecondsPerByte(s.batch * chunk * s.vocab * kF), bytes};
 }
 
 struct Comm {
@@ -202,10 +202,15 @@ StepTime predictStepTime(const config::Config& c, const Placement& at, int graph
   t.gemm += loss.gemm;
   t.pointwise += loss.pointwise;
   t.overhead = ops * r.opSeconds;
+  // Under a budget tcmalloc decommits every freed span, so what a step writes faults in afresh:
+  // half of what its pointwise passes and the loss stream (their outputs; measured with page-fault
+  // counts on the e2e shapes: 93.5, 708 and 160 MiB a step against 91, 710 and 160 from this).
+  if (c.train.memoryBudget > 0) t.decommit = 0.5 * (pw + loss.bytes) * r.refaultSecondsPerByte;
   t.gemm *= accum;
   t.attention *= accum;
   t.pointwise *= accum;
   t.overhead *= accum;
+  t.decommit *= accum;
   const double params = static_cast<double>(c.model.numParams());
   const double owned = c.zero.stage >= 1 ? params / world : params;
   t.optimizer = owned * r.adamSecondsPerElement + params * kF * 2 * r.streamSecondsPerByte(params * kF);

@@ -34,6 +34,9 @@ struct Rates {
   double commSecondsPerByte = 0;
   // A byte across the link between nodes, one direction (a node's ranks share it); 0: one node.
   double linkSecondsPerByte = 0;
+  // A byte given back to the system when freed and written again by the next tensor (page fault
+  // and zeroing): what train.memory_budget's decommit costs (0: unmeasured).
+  double refaultSecondsPerByte = 0;
   // train.offload_dir: seconds per byte written and read back (0: unmeasured, no offload).
   double diskSecondsPerByte = 0;
 };
@@ -48,8 +51,9 @@ struct StepTime {
   double comm = 0;        // collectives not hidden behind compute
   double commHidden = 0;  // collectives the compute hides (not in total(): ranks ties)
   double disk = 0;        // activation offload not hidden behind compute
+  double decommit = 0;    // under train.memory_budget: re-faulting the pages freed tensors gave back
   std::string modelled;   // "" or why the prediction is incomplete (an attention the model lacks)
-  double total() const { return gemm + attention + pointwise + overhead + optimizer + comm + disk; }
+  double total() const { return gemm + attention + pointwise + overhead + optimizer + comm + disk + decommit; }
 };
 
 // Where a job's ranks run: `ranksPerNode` adjacent ranks share a node (the launcher's rank order,

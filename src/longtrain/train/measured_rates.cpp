@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <thread>
@@ -173,6 +175,28 @@ double timeLoopbackPerByte() {
 
 // 64 MiB written to a file in `dir` and read back (the page cache's rate, as the offload sees it
 // while memory lasts). 0 where the file cannot be made.
+// A byte the allocator gave back to the system (madvise DONTNEED: what tcmalloc's decommit under
+// train.memory_budget does to every freed span) that the next tensor writes: the page fault, the
+// kernel's zeroing and the madvise, beyond the write itself. On kMeasurementBytes / 2.
+double timeRefaultPerByte() {
+  constexpr size_t kBytes = kMeasurementBytes / 2;
+  void* p = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return 0;
+  auto* c = static_cast<volatile char*>(p);
+  auto write = [&](int v) {
+    std::memset(const_cast<char*>(c), v, kBytes);
+    (void)c[kBytes - 1];  // the writes are used: not elided
+  };
+  write(1);
+  const double resident = medianSeconds([&] { write(2); });
+  const double refault = medianSeconds([&] {
+    ::madvise(const_cast<char*>(c), kBytes, MADV_DONTNEED);
+    write(3);
+  });
+  ::munmap(p, kBytes);
+  return std::max(0.0, refault - resident) / static_cast<double>(kBytes);
+}
+
 double timeDiskPerByte(const std::string& dir) {
   const std::string path = dir + "/.longtrain_rate_probe";
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
@@ -268,6 +292,7 @@ plan::Rates measuredRates(kernels::GemmRoute route, int threads, bool interRank,
   r.streamSecondsPerByte = [cache](double bytes) { return cache->streamAt(bytes); };
   r.opSeconds = timeSmallOp();
   r.adamSecondsPerElement = timeAdamPerElement();
+  r.refaultSecondsPerByte = timeRefaultPerByte();
   if (interRank) r.commSecondsPerByte = timeLoopbackPerByte();
   if (!offloadDir.empty()) r.diskSecondsPerByte = timeDiskPerByte(offloadDir);
   return r;
