@@ -4,10 +4,10 @@
 # accumulation, clipping, recompute, DeepCompile), exact to the last bit, so a refactor can show
 # it changed no number. Non-obvious: the values are the metrics file's round-trip doubles, and
 # each case prints one line: its name and a SHA-256 of its rows (then a diff says which changed).
-# Usage: bench/bit_identity.sh [OUT.txt]   (after scripts/build.sh); compare two OUT files with diff.
+# Usage: [BIN=...] bench/bit_identity.sh [OUT.txt]   (after scripts/build.sh); compare two OUT files with diff.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=./build/longtrain
+BIN=${BIN:-./build/longtrain}
 [[ -x $BIN ]] || { echo "bit_identity: $BIN not found; run scripts/build.sh first" >&2; exit 1; }
 OUT=${1:-/dev/stdout}
 TMP=$(mktemp -d /tmp/longtrain_bits.XXXX)

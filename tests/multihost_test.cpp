@@ -73,10 +73,10 @@ class TwoHosts : public ::testing::Test {
   }
   std::string addr(char host) const { return "10." + subnet_ + (host == 'a' ? ".1" : ".2"); }
   // The command line of node `node` (2 ranks per node), run inside its namespace.
-  std::string node(int node, const fs::path& cfg, const std::string& extra) const {
+  std::string node(int node, const fs::path& cfg, const std::string& extra, int rdzvTimeoutS = 30) const {
     return "ip netns exec " + name_ + (node == 0 ? "a " : "b ") + kBin + " train " + cfg.string() +
            " --nnodes 2 --nproc-per-node 2 --master-addr " + addr('a') + " --master-port 29400 --rdzv-id " + name_ +
-           " --rdzv-timeout 30 --node-rank " + std::to_string(node) + " " + extra;
+           " --rdzv-timeout " + std::to_string(rdzvTimeoutS) + " --node-rank " + std::to_string(node) + " " + extra;
   }
   std::string name_, subnet_;
   fs::path dir_;
@@ -191,8 +191,9 @@ TEST_F(TwoHosts, FitAcrossNodesRunsNodeZerosChoiceOnEveryNode) {
   j.erase("sequence_parallel_size");
   auto cfg = lt::testing::writeJsonFile(dir_.filename().string(), "c.json", j);
   const std::string n1 = (dir_ / "n1.log").string(), metrics = (dir_ / "m.jsonl").string();
-  auto r = runScript("(" + node(1, cfg, "--fit 2GiB") + " > " + n1 + " 2>&1; echo \"node1 exit $?\" >> " + n1 + ") & " +
-                     node(0, cfg, "--fit 2GiB --metrics " + metrics) + "; echo \"node0 exit $?\"; wait; cat " + n1);
+  // --rdzv-timeout also bounds node 0's search (its calibration runs), slower on a loaded machine.
+  auto r = runScript("(" + node(1, cfg, "--fit 2GiB", 300) + " > " + n1 + " 2>&1; echo \"node1 exit $?\" >> " + n1 +
+                     ") & " + node(0, cfg, "--fit 2GiB --metrics " + metrics, 300) + "; echo \"node0 exit $?\"; wait; cat " + n1);
   EXPECT_NE(r.out.find("node0 exit 0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("node1 exit 0"), std::string::npos) << r.out;
   const auto measured = r.out.find("the link to node 0 moves ");
@@ -212,6 +213,27 @@ TEST_F(TwoHosts, FitAcrossNodesRunsNodeZerosChoiceOnEveryNode) {
     if (ch != '\'') unquoted += ch;
   EXPECT_NE(r.out.find("runs node 0's choice:" + unquoted), std::string::npos) << unquoted << "\n" << r.out;
   EXPECT_EQ(losses(metrics).size(), 2u) << r.out;
+}
+
+// Node 0 started with --fit, node 1 without: both are refused at once, naming the flag, instead of
+// waiting out --rdzv-timeout.
+TEST_F(TwoHosts, FitOnOneNodeOnlyIsRefusedOnBoth) {
+  json j = smallConfig(2);
+  j.erase("sequence_parallel_size");
+  auto cfg = lt::testing::writeJsonFile(dir_.filename().string(), "c.json", j);
+  const std::string n1 = (dir_ / "n1.log").string();
+  auto r = runScript("(" + node(1, cfg, "", 300) + " > " + n1 + " 2>&1; echo \"node1 exit $?\" >> " + n1 + ") & " +
+                     "S=$(date +%s); " + node(0, cfg, "--fit 2GiB", 300) + "; echo \"node0 exit $? after $(( $(date +%s) - S )) s\"; " +
+                     "wait; cat " + n1);
+  EXPECT_NE(r.out.find("node0 exit 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("node1 exit 1"), std::string::npos) << r.out;
+  const std::string why = "node 0 was started with --fit, node 1 without --fit; start every node with the same --fit";
+  int said = 0;
+  for (size_t at = r.out.find(why); at != std::string::npos; at = r.out.find(why, at + 1)) ++said;
+  EXPECT_GE(said, 2) << r.out;  // each node says it
+  const auto after = r.out.find("node0 exit 1 after ");
+  ASSERT_NE(after, std::string::npos) << r.out;
+  EXPECT_LT(std::stoi(r.out.substr(after + 19)), 120) << r.out;  // not the 300 s timeout
 }
 
 // Two torchrun-style ranks, one with another --set: both stop before training, naming the key.

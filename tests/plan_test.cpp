@@ -11,6 +11,7 @@
 #include <string>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/strings.h"
 #include "longtrain/plan/memory_model.h"
 #include "longtrain/config/parse.h"
 
@@ -189,6 +190,31 @@ TEST(Plan, ParseBytes) {
       EXPECT_NE(msg.find("--max-seq: cannot read '" + bad + "'"), std::string::npos) << msg;
       EXPECT_NE(msg.find("e.g. 4GiB"), std::string::npos) << msg;
     }
+  }
+}
+
+// Link rates: bits as tc writes them, bytes a second with an uppercase B and "/s"; what could be
+// either is refused, naming both spellings.
+TEST(Plan, ParseLinkRate) {
+  using lt::parseLinkRate;
+  EXPECT_DOUBLE_EQ(parseLinkRate("10Gbit/s", "r"), 1.25e9);
+  EXPECT_DOUBLE_EQ(parseLinkRate("1gbit", "r"), 1.25e8);
+  EXPECT_DOUBLE_EQ(parseLinkRate("100Mbit", "r"), 1.25e7);
+  EXPECT_DOUBLE_EQ(parseLinkRate("1.25GB/s", "r"), 1.25e9);
+  EXPECT_DOUBLE_EQ(parseLinkRate("100MiB/s", "r"), 100.0 * (1 << 20));
+  for (const std::string bad : {"", "fast", "10Gb/s", "10gb/s", "1GB", "10GB", "3Xbit", "0gbit", "1.2.3GB/s", "GB/s"}) {
+    try {
+      parseLinkRate(bad, "--link-bandwidth");
+      ADD_FAILURE() << "'" << bad << "' was accepted";
+    } catch (const lt::Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("--link-bandwidth: cannot read '" + bad + "' as a link rate"), std::string::npos) << msg;
+    }
+  }
+  try {
+    parseLinkRate("10Gb/s", "r");
+  } catch (const lt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("write Gbit/s for bits, GB/s for bytes"), std::string::npos) << e.what();
   }
 }
 

@@ -60,8 +60,8 @@ void printHeader(const config::Config& cfg, int world) {
               m.resolved.bf16Gemms ? ", bf16 GEMMs (assumed faster on the run's CPU; it measures)" : "");
 }
 
-void printPeak(const config::Config& cfg, int world) {
-  const int64_t acBudget = plan::memoryBudgetFor(cfg, world);
+void printPeak(const config::Config& cfg, int world, int localRanks) {
+  const int64_t acBudget = plan::memoryBudgetFor(cfg, localRanks);
   const int k = plan::graphBlocksFor(cfg, world, acBudget);
   std::printf("seq_len %lld\n", (long long)cfg.data.seqLen);
   std::printf("activation_checkpointing \"%s\": %d of %lld blocks keep their graph, %lld recomputed "
@@ -153,7 +153,7 @@ std::vector<std::string> fitSets(const std::string& path, const std::vector<std:
                                  const plan::Placement& at, double linkSecondsPerByte, int64_t budget, const char* how) {
   const int world = at.world;
   const config::Config base = plannedConfig(path, userSets, world);
-  train::calibrateProcessBaseline(world, base.train.threads);
+  train::calibrateProcessBaseline(world, at.ranksPerNode, base.train.threads);
   const plan::Rates rates = ratesFor(base, at, linkSecondsPerByte);
   auto with = [&](const std::vector<std::string>& sets) {
     std::vector<std::string> all = userSets;
@@ -217,23 +217,26 @@ int runPlan(const ConfigFlags& f) {
   nlohmann::json j = config::loadConfigJson(f.config, f.sets);
   const int perNode = nprocOf(j, f.nproc), world = perNode * f.nnodes;
   const plan::Placement at{world, perNode};
-  const double link = linkSecondsPerByte(f);
+  const double link = f.maxSeq.empty() ? linkSecondsPerByte(f) : 0;  // --max-seq prices no time
   if (!f.fit.empty()) {
-    (void)fitSets(f.config, f.sets, at, link, parseByteSize(f.fit, "--fit"), "run it: longtrain train CONFIG");
+    (void)fitSets(f.config, f.sets, at, link, parseByteSize(f.fit, "--fit"),
+                  f.nnodes > 1 ? "run it on each node (with its --node-rank, and node 0's --master-addr and --master-port): "
+                                 "longtrain train CONFIG"
+                               : "run it: longtrain train CONFIG");
     return 0;
   }
   config::Config cfg = plannedConfig(f.config, f.sets, world);
   for (const auto& line : cfg.notices) std::printf("longtrain: %s\n", line.c_str());
   const int64_t budget = f.maxSeq.empty() ? 0 : plan::parseBytes(f.maxSeq);
-  train::calibrateProcessBaseline(world, cfg.train.threads);  // measured: train/process_baseline.h
-  cfg = withTiling(cfg, world, f.maxSeq.empty() ? plan::memoryBudgetFor(cfg, world) : 0);
+  train::calibrateProcessBaseline(world, perNode, cfg.train.threads);  // measured: train/process_baseline.h
+  cfg = withTiling(cfg, world, f.maxSeq.empty() ? plan::memoryBudgetFor(cfg, perNode) : 0);
   printHeader(cfg, world);
   if (!f.maxSeq.empty()) {
     printMaxSeq(cfg, world, budget);
     return 0;
   }
-  printPeak(cfg, world);
-  const int k = plan::graphBlocksFor(cfg, world, plan::memoryBudgetFor(cfg, world));
+  printPeak(cfg, world, perNode);
+  const int k = plan::graphBlocksFor(cfg, world, plan::memoryBudgetFor(cfg, perNode));
   std::printf("step %s\n", timeLine(plan::predictStepTime(cfg, at, k, ratesFor(cfg, at, link)), plan::tokensPerStep(cfg)).c_str());
   return 0;
 }

@@ -61,7 +61,7 @@ void fitOnNodeZero(comm::LaunchOptions& lo, const TrainFlags& fl, int nproc) {
 // Several nodes (--nnodes, --master-addr) or several local ranks: this process launches.
 int launchRanks(const std::vector<std::string>& args, const TrainFlags& fl, const config::Config& cfg, int nproc) {
   comm::LaunchOptions lo;
-  if (!fl.fit.empty()) fitOnNodeZero(lo, fl, nproc);
+  if (!fl.fit.empty() && fl.nnodes > 1) fitOnNodeZero(lo, fl, nproc);  // one node chose before launching
   lo.nprocPerNode = nproc;
   lo.nnodes = fl.nnodes;
   lo.nodeRank = fl.nodeRank;
@@ -112,7 +112,7 @@ int runRank(const config::Config& cfg, const TrainFlags& fl, const std::string& 
   bo.threads = cfg.train.threads;
   bo.agreed = config::agreedKeys(cfg);
   comm::RankSetup rank = comm::bringUp(bo);
-  train::rankProcessBaseline(rank.rendezvous.size, cfg.train.threads);  // what "auto" recompute plans against
+  train::rankProcessBaseline(rank.rendezvous.size, rank.rendezvous.localSize, cfg.train.threads);  // what "auto" recompute plans against
   train::TrainOptions to = trainOptions(fl, resume, rank.rendezvous.rank);
   to.engine.rankCpus = rank.cpus;
   to.engine.localRanks = rank.rendezvous.localSize;
@@ -169,7 +169,8 @@ int runTrain(int argc, char** argv, TrainFlags fl) {
   const bool fitLater = !fl.fit.empty() && fl.nnodes > 1;
   if (!fl.fit.empty()) {
     LT_CHECK(!inRank, "--fit is chosen by longtrain's own launcher, once for all its ranks; under another launcher, run "
-             "`longtrain plan CONFIG --nproc N --fit ", fl.fit, "` and pass the --set flags it prints");
+             "`longtrain plan CONFIG --nproc N [--nnodes M --link-bandwidth RATE] --fit ", fl.fit,
+             "` and pass the --set flags it prints");
     (void)parseByteSize(fl.fit, "--fit");  // every node refuses a bad value before it launches
     if (!fl.linkBandwidth.empty()) (void)parseLinkRate(fl.linkBandwidth, "--link-bandwidth");
     std::vector<std::string> chosen;

@@ -270,38 +270,14 @@ class NodeStore {
       return std::nullopt;
     }
   }
-  // The job's extra arguments (LaunchOptions::chooseOnNodeZero): node 1 measures the link if
-  // asked, node 0 chooses, every node waits for node 0's choice within --rdzv-timeout.
+  // The job's extra arguments (LaunchOptions::chooseOnNodeZero), within --rdzv-timeout: node 0
+  // says whether it chooses and whether node 1 measures the link; every other node answers
+  // whether it was started alike (a node that was not is refused by name, on both sides); node 1
+  // measures if asked; node 0 chooses and every node takes its choice.
   std::vector<std::string> agree() {
     const auto deadline = Clock::now() + o_.rdzvTimeout;
-    if (o_.nodeRank == 1 && o_.measureLink) publish("lt/launch/link", fmt::format("{:.9e}", linkSecondsPerByte()), deadline);
-    if (o_.nodeRank != 0) {
-      const std::string got = waitFor("lt/launch/choice", deadline, "node 0's choice");
-      LT_CHECK(got.rfind("ok\n", 0) == 0, "node 0 could not choose for the job: ", got.substr(got.find('\n') + 1));
-      std::vector<std::string> args;
-      for (size_t at = 3; at < got.size();) {
-        const size_t end = std::min(got.find('\n', at), got.size());
-        args.push_back(got.substr(at, end - at));
-        at = end + 1;
-      }
-      std::string shown;
-      for (const auto& a : args) shown += " " + a;
-      std::printf("longtrain launcher (node %d): runs node 0's choice:%s\n", o_.nodeRank, shown.c_str());
-      std::fflush(stdout);
-      return args;
-    }
-    const double link = o_.measureLink ? std::stod(waitFor("lt/launch/link", deadline, "node 1's link measurement")) : 0;
-    std::vector<std::string> args;
-    try {
-      args = o_.chooseOnNodeZero(link);
-    } catch (const std::exception& e) {
-      publish("lt/launch/choice", "error\n" + firstLine(e.what()), deadline);
-      throw;
-    }
-    std::string joined = "ok";
-    for (const auto& a : args) joined += "\n" + a;
-    publish("lt/launch/choice", joined, deadline);
-    return args;
+    const std::string mode = !o_.chooseOnNodeZero ? "none" : o_.measureLink ? "measure" : "given";
+    return o_.nodeRank == 0 ? chooseForTheJob(mode, deadline) : takeNodeZerosChoice(mode, deadline);
   }
 
   // Records this node's outcome ("ok", "fail", "stop<signal>") and returns every node's, in
@@ -333,6 +309,68 @@ class NodeStore {
   static std::string attemptKey(int a) { return "lt/launch/a" + std::to_string(a) + "/"; }
   static std::string beatKey(int n) { return "lt/launch/hb" + std::to_string(n); }
 
+  static std::string fitFlag(const std::string& mode) { return mode == "none" ? "without --fit" : "with --fit"; }
+  // Each of `v` after `sep`: "\nA\nB" or " A B".
+  static std::string joined(const std::vector<std::string>& v, char sep) {
+    std::string out;
+    for (const auto& a : v) out += sep + a;
+    return out;
+  }
+  std::vector<std::string> chooseForTheJob(const std::string& mode, Clock::time_point deadline) {
+    publish("lt/launch/fit", mode, deadline);
+    for (int n = 1; n < o_.nnodes; ++n) {
+      const std::string ack = waitFor("lt/launch/fit_ack" + std::to_string(n), deadline, "node " + std::to_string(n) + "'s answer");
+      LT_CHECK(ack == "ok", ack);
+    }
+    if (mode == "none") return {};
+    double link = 0;
+    if (mode == "measure") {
+      const std::string got = waitFor("lt/launch/link", deadline, "node 1's link measurement");
+      LT_CHECK(got.rfind("error\n", 0) != 0, "node 1 could not measure the link: ", got.substr(6),
+               "; give --link-bandwidth instead");
+      link = std::stod(got);
+    }
+    std::vector<std::string> args;
+    try {
+      args = o_.chooseOnNodeZero(link);
+    } catch (const std::exception& e) {
+      publish("lt/launch/choice", "error\n" + firstLine(e.what()), deadline);
+      throw;
+    }
+    publish("lt/launch/choice", "ok" + joined(args, '\n'), deadline);
+    return args;
+  }
+  std::vector<std::string> takeNodeZerosChoice(const std::string& mode, Clock::time_point deadline) {
+    const std::string zero = waitFor("lt/launch/fit", deadline, "node 0's --fit");
+    if ((zero == "none") != (mode == "none")) {
+      const std::string why = "node 0 was started " + fitFlag(zero) + ", node " + std::to_string(o_.nodeRank) + " " +
+                              fitFlag(mode) + "; start every node with the same --fit";
+      publish("lt/launch/fit_ack" + std::to_string(o_.nodeRank), why, deadline);
+      LT_CHECK(false, why);
+    }
+    publish("lt/launch/fit_ack" + std::to_string(o_.nodeRank), "ok", deadline);
+    if (zero == "none") return {};
+    if (o_.nodeRank == 1 && zero == "measure") publish("lt/launch/link", measuredLink(), deadline);
+    const std::string got = waitFor("lt/launch/choice", deadline, "node 0's choice");
+    LT_CHECK(got.rfind("error\n", 0) != 0, "node 0 could not choose for the job: ", got.substr(6));
+    std::vector<std::string> args;
+    for (size_t at = 3; at < got.size();) {  // after "ok\n"
+      const size_t end = std::min(got.find('\n', at), got.size());
+      args.push_back(got.substr(at, end - at));
+      at = end + 1;
+    }
+    std::printf("longtrain launcher (node %d): runs node 0's choice:%s\n", o_.nodeRank, joined(args, ' ').c_str());
+    std::fflush(stdout);
+    return args;
+  }
+  // The link's seconds per byte as text, or "error\n<why>" for node 0 to report.
+  std::string measuredLink() {
+    try {
+      return fmt::format("{:.9e}", linkSecondsPerByte());
+    } catch (const StoreLost& e) {
+      return std::string("error\n") + e.what();
+    }
+  }
   // Node 1 to node 0's store: the best of 4 sends of 8 MiB, in seconds per byte. A set is not
   // answered (it returns once the socket buffer takes it), so each is timed to the answer of a
   // check behind it on the same connection, which the store sends after reading the whole set.
@@ -683,7 +721,7 @@ int launch(const std::vector<std::string>& argv, const LaunchOptions& o) {
   const char* envRun = std::getenv("LONGTRAIN_RUN_ID");
   const std::string runId = nodes ? nodes->runId() : envRun && *envRun ? envRun : randomId();
   std::vector<std::string> args = argv;
-  if (nodes && o.chooseOnNodeZero) {
+  if (nodes && o.nnodes > 1) {
     const auto extra = nodes->agree();
     args.insert(args.end(), extra.begin(), extra.end());
   }

@@ -38,7 +38,8 @@ struct LaunchOptions {
   // Several nodes: node 0 calls this once, before the first attempt, with the link between nodes
   // in seconds per byte (`measureLink`: node 1 times sending through node 0's store; else 0), and
   // every node's ranks get the arguments it returns appended (train --fit: node 0's choice is the
-  // job's, so nodes whose rates differ cannot choose differently). Null: nothing to agree on.
+  // job's, so nodes whose rates differ cannot choose differently). Null: nothing to agree on. A
+  // node whose null-ness differs from node 0's is refused on both, within --rdzv-timeout.
   std::function<std::vector<std::string>(double linkSecondsPerByte)> chooseOnNodeZero;
   bool measureLink = false;
 };

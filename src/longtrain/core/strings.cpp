@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <initializer_list>
 
 #include "longtrain/core/check.h"
 
@@ -69,32 +70,51 @@ int64_t parseByteSize(const std::string& text, const std::string& what) {
   return static_cast<int64_t>(bytes);
 }
 
+namespace {
+
+// The digits and point `s` starts with, as a number (-1: none, or two points); *end: where it stops.
+double leadingNumber(const std::string& s, size_t* end) {
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  *end = i;
+  if (i == 0 || std::count(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(i), '.') > 1) return -1;
+  return std::strtod(s.substr(0, i).c_str(), nullptr);
+}
+
+// `unit` in `table` (exact match), or 0.
+double multiplierOf(const std::string& unit, std::initializer_list<std::pair<const char*, double>> table) {
+  for (const auto& [name, m] : table)
+    if (unit == name) return m;
+  return 0;
+}
+
+}  // namespace
+
 double parseLinkRate(const std::string& text, const std::string& what) {
   auto bad = [&](const std::string& why) {
     LT_CHECK(false, what, ": cannot read '", text, "' as a link rate (", why,
              "); expected bits, e.g. 10Gbit/s, 1gbit or 100Mbit, or bytes a second, e.g. 1.25GB/s or 100MiB/s");
   };
-  std::string lower = text;
-  for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  const bool perSecond = lower.size() > 2 && lower.compare(lower.size() - 2, 2, "/s") == 0;
+  const bool perSecond = text.size() > 2 && text.compare(text.size() - 2, 2, "/s") == 0;
   const std::string body = perSecond ? text.substr(0, text.size() - 2) : text;
-  std::string unit = perSecond ? lower.substr(0, lower.size() - 2) : lower;
-  if (unit.size() >= 3 && unit.compare(unit.size() - 3, 3, "bit") == 0) {
-    size_t i = 0;
-    while (i < unit.size() && (std::isdigit(static_cast<unsigned char>(unit[i])) || unit[i] == '.')) ++i;
-    const std::string num = unit.substr(0, i), prefix = unit.substr(i, unit.size() - 3 - i);
-    const std::pair<const char*, double> prefixes[] = {{"", 1}, {"k", 1e3}, {"m", 1e6}, {"g", 1e9}, {"t", 1e12}};
-    double mult = 0;
-    for (const auto& [name, m] : prefixes)
-      if (prefix == name) mult = m;
-    if (num.empty() || std::count(num.begin(), num.end(), '.') > 1) bad("no number");
-    if (mult == 0) bad("unknown unit '" + text.substr(i) + "'");
-    const double bits = std::strtod(num.c_str(), nullptr) * mult;
-    if (!(bits >= 8)) bad("not a positive rate");
-    return bits / 8;
+  size_t at = 0;
+  const double v = leadingNumber(body, &at);
+  if (v < 0) bad("no number");
+  std::string unit = body.substr(at), lower = unit;
+  for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (lower.size() >= 3 && lower.compare(lower.size() - 3, 3, "bit") == 0) {
+    const double m = multiplierOf(lower, {{"bit", 1}, {"kbit", 1e3}, {"mbit", 1e6}, {"gbit", 1e9}, {"tbit", 1e12}});
+    if (m == 0) bad("unknown unit '" + unit + "'");
+    if (!(v * m >= 8)) bad("less than a byte a second");
+    return v * m / 8;
   }
   if (!perSecond) bad("a rate in bytes needs '/s'");
-  return static_cast<double>(parseByteSize(body, what));
+  if (!unit.empty() && unit.back() == 'b') bad("'b' could be bits or bytes: write Gbit/s for bits, GB/s for bytes");
+  const double m = multiplierOf(unit, {{"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"KiB", 1024.0},
+                                       {"MiB", kMiBytes}, {"GiB", kMiBytes * 1024}});
+  if (m == 0) bad("unknown unit '" + unit + "/s'");
+  if (!(v * m >= 1)) bad("not a positive rate");
+  return v * m;
 }
 
 }  // namespace lt

@@ -19,8 +19,9 @@ std::string firstLine(const std::string& s);
 // An unparsable or non-positive value is an lt::Error naming `what` and the value.
 int64_t parseByteSize(const std::string& text, const std::string& what);
 // A link's rate -> bytes per second: bits as tc and NIC data sheets write them ("10Gbit/s",
-// "1gbit", "100Mbit"; k/m/g/t decimal) or bytes per second in parseByteSize's units ("1.25GB/s",
-// "100MiB/s"; the "/s" is required, so "1GB" is not read as gigabits). An lt::Error names `what`.
+// "1gbit", "100Mbit"; k/m/g/t decimal) or bytes a second ("1.25GB/s", "100MiB/s": B, KB, MB, GB,
+// KiB, MiB, GiB, with an uppercase B and the "/s"). "Gb/s" and "1GB" are refused: bits or bytes?
+// An lt::Error names `what`.
 double parseLinkRate(const std::string& text, const std::string& what);
 
 }  // namespace lt

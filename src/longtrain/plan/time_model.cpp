@@ -144,8 +144,8 @@ struct Comm {
   double exposed = 0, hidden = 0;  // seconds on the critical path; overlapped with backward
 };
 
-
-// A micro-step's SP collectives and an optimizer step's ZeRO ones, in seconds on `at`'s links.
+// Seconds on `at`'s links: exposed, a micro-step's Ulysses all-to-alls; hidden, an optimizer
+// step's ring K/V steps (every micro-step's) and ZeRO's collectives.
 Comm commSeconds(const config::Config& c, const Shape& s, const Placement& at, double recomputed, const Rates& r) {
   Comm b;
   const double passes = 2 + recomputed / std::max(1.0, s.L);  // forward, backward, recompute's forwards
@@ -154,7 +154,8 @@ Comm commSeconds(const config::Config& c, const Shape& s, const Placement& at, d
                  (s.ulysses - 1) / s.ulysses * collectiveSecondsPerByte(c.layout.ulyssesGroups(), Pattern::AllToAll, at, r);
   if (s.ring > 1) {  // K and V one step round the ring R - 1 times; backward's dK/dV partials too
     const double kv = s.T * 2 * std::max(1.0, s.kvHeads / s.ulysses) * s.headDim * kF;
-    b.hidden += s.L * (passes + 1) * (s.ring - 1) * kv * collectiveSecondsPerByte(c.layout.ringGroups(), Pattern::Ring, at, r);
+    b.hidden += static_cast<double>(c.gradAccum) * s.L * (passes + 1) * (s.ring - 1) * kv *
+                collectiveSecondsPerByte(c.layout.ringGroups(), Pattern::Ring, at, r);  // every micro-step
   }
   const int world = at.world;
   if (world == 1) return b;

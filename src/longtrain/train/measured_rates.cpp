@@ -3,7 +3,8 @@
 // Non-obvious: `train --fit` measures in the process that then trains, whose peak RSS its budget
 // bounds, and it prices candidates it will not run (a whole [2048, vocab] logits GEMM took 256 MiB
 // there, over a 403 MiB budget the chosen run kept to). So beyond the weights every measurement
-// holds at most kMeasurementBytes: GEMM rows, the stream, Adam's and the disk probe's buffers.
+// holds at most kMeasurementBytes: GEMM rows, the stream, Adam's, the re-fault and the disk
+// probes' buffers.
 #include "longtrain/train/measured_rates.h"
 
 #include <ATen/ATen.h>
@@ -173,8 +174,6 @@ double timeLoopbackPerByte() {
   return got == kStreamTotal ? s / static_cast<double>(kStreamTotal) : 0;
 }
 
-// 64 MiB written to a file in `dir` and read back (the page cache's rate, as the offload sees it
-// while memory lasts). 0 where the file cannot be made.
 // A byte the allocator gave back to the system (madvise DONTNEED: what tcmalloc's decommit under
 // train.memory_budget does to every freed span) that the next tensor writes: the page fault, the
 // kernel's zeroing and the madvise, beyond the write itself. On kMeasurementBytes / 2.
@@ -197,6 +196,8 @@ double timeRefaultPerByte() {
   return std::max(0.0, refault - resident) / static_cast<double>(kBytes);
 }
 
+// 64 MiB written to a file in `dir` and read back (the page cache's rate, as the offload sees it
+// while memory lasts). 0 where the file cannot be made.
 double timeDiskPerByte(const std::string& dir) {
   const std::string path = dir + "/.longtrain_rate_probe";
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);

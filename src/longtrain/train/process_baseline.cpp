@@ -148,27 +148,27 @@ Sample sampleOf(int ranks, int threads, bool mayRun) {
 // at one rank none (it peaks at the run's RSS plus the step's live bytes, within 3% on the fused
 // rows), at several all (a process group's start-up frees whole buffers, ~45 MiB a rank). Under
 // a train.memory_budget they are returned to the OS (`released`, measured so).
-plan::ProcessBaseline baselineOf(int world, int threads, bool mayRun) {
-  Sample s = sampleOf(world > 1 ? 2 : 1, rankThreads(world, threads), mayRun);
+plan::ProcessBaseline baselineOf(int world, int localRanks, int threads, bool mayRun) {
+  Sample s = sampleOf(world > 1 ? 2 : 1, rankThreads(localRanks, threads), mayRun);
   if (!s.valid()) s = thisProcess();
   return {world > 1 ? s.rss - s.free : s.rss, s.peak, s.released};
 }
 
 }  // namespace
 
-int rankThreads(int world, int threads) {
+int rankThreads(int localRanks, int threads) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return threads > 0 ? threads : std::max(1, cores / std::max(1, std::min(world, cores)));
+  return threads > 0 ? threads : std::max(1, cores / std::max(1, std::min(localRanks, cores)));
 }
 
-int64_t calibrateProcessBaseline(int world, int threads) {
-  const plan::ProcessBaseline b = baselineOf(world, threads, true);
+int64_t calibrateProcessBaseline(int world, int localRanks, int threads) {
+  const plan::ProcessBaseline b = baselineOf(world, localRanks, threads, true);
   plan::setProcessBaseline(b);
   return b.resident;
 }
 
-int64_t rankProcessBaseline(int world, int threads) {
-  const plan::ProcessBaseline b = baselineOf(world, threads, false);
+int64_t rankProcessBaseline(int world, int localRanks, int threads) {
+  const plan::ProcessBaseline b = baselineOf(world, localRanks, threads, false);
   plan::setProcessBaseline(b);
   return b.resident;
 }

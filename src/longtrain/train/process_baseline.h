@@ -10,18 +10,18 @@
 
 namespace lt::train {
 
-// For a rank of a `world`-rank run with `threads` intra-op threads (0: the cores divided among
-// the world): from the record, else from a calibration run on 1 or (world > 1) 2 ranks, then
-// recorded; where none can run, this process after a GEMM warm-up. Sets
-// plan::setProcessBaseline; returns the resident bytes.
-int64_t calibrateProcessBaseline(int world, int threads);
+// For a rank of a `world`-rank run, `localRanks` of them on its host, with `threads` intra-op
+// threads (0: the host's cores divided among its ranks): from the record, else from a calibration
+// run on 1 or (world > 1) 2 ranks, then recorded; where none can run, this process after a GEMM
+// warm-up. Sets plan::setProcessBaseline; returns the resident bytes.
+int64_t calibrateProcessBaseline(int world, int localRanks, int threads);
 
-// The intra-op threads a rank of a `world`-rank run uses: train.threads (`threads`) when positive,
-// else this host's cores divided among the ranks.
-int rankThreads(int world, int threads);
+// The intra-op threads a rank uses: train.threads (`threads`) when positive, else this host's
+// cores divided among its `localRanks` ranks.
+int rankThreads(int localRanks, int threads);
 
 // Inside a rank, after its bring-up: as above, but no calibration run is started (without a
 // record, this rank's own RSS).
-int64_t rankProcessBaseline(int world, int threads);
+int64_t rankProcessBaseline(int world, int localRanks, int threads);
 
 }  // namespace lt::train
