@@ -59,9 +59,12 @@ two_hosts() {  # two_hosts METRICS
 predicted_comm() {  # predicted_comm PLAN-FLAGS...: the plan's exposed communication (s a step)
   "$BIN" plan $CFG "${COMMON[@]}" "$@" | sed -n 's/^step .*comm \([0-9.]*\),.*/\1/p'
 }
-echo "one $P" "$(predicted_comm --nproc $P)" >"$OUT/predicted"
+p=$(predicted_comm --nproc $P)
+echo "one $P ${p:--}" >"$OUT/predicted"  # "-": plan printed no step line
 for rate in "${rates[@]}"; do
-  [[ $rate == none ]] || echo "two $rate" "$(predicted_comm --nproc $K --nnodes 2 --link-bandwidth "$rate")" >>"$OUT/predicted"
+  [[ $rate == none ]] && continue
+  p=$(predicted_comm --nproc $K --nnodes 2 --link-bandwidth "$rate")
+  echo "two $rate ${p:--}" >>"$OUT/predicted"
 done
 for rate in "${rates[@]}"; do
   shape "$rate"
