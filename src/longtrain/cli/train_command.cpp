@@ -40,6 +40,16 @@ struct TrainFlags {
   CLI::Option* resumeOption = nullptr;  // --resume given (with or without a directory)
 };
 
+// "--set", s for each of `sets`: command-line arguments.
+std::vector<std::string> asSetFlags(const std::vector<std::string>& sets) {
+  std::vector<std::string> args;
+  for (const auto& s : sets) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  return args;
+}
+
 // --fit across nodes: node 0 chooses for the job (comm::LaunchOptions::chooseOnNodeZero), with the
 // link --link-bandwidth gives or node 1 measures, and every node's ranks run that choice.
 void fitOnNodeZero(comm::LaunchOptions& lo, const TrainFlags& fl, int nproc) {
@@ -48,11 +58,7 @@ void fitOnNodeZero(comm::LaunchOptions& lo, const TrainFlags& fl, int nproc) {
   const double given = fl.linkBandwidth.empty() ? 0 : 1 / parseLinkRate(fl.linkBandwidth, "--link-bandwidth");
   lo.measureLink = given == 0;
   lo.chooseOnNodeZero = [fl, at, budget, given](double measured) {
-    std::vector<std::string> args;
-    for (const auto& s : fitSets(fl.config, fl.sets, at, given > 0 ? given : measured, budget, "train runs it with:")) {
-      args.push_back("--set");
-      args.push_back(s);
-    }
+    const auto args = asSetFlags(fitSets(fl.config, fl.sets, at, given > 0 ? given : measured, budget, "train runs it with:"));
     std::fflush(stdout);
     return args;
   };
@@ -154,10 +160,8 @@ std::vector<std::string> withFitApplied(int argc, char** argv, const std::vector
     if (a == "--fit" || a == "--link-bandwidth") ++i;
     else if (a.rfind("--fit=", 0) != 0 && a.rfind("--link-bandwidth=", 0) != 0) args.push_back(a);
   }
-  for (const auto& s : chosen) {
-    args.push_back("--set");
-    args.push_back(s);
-  }
+  const auto flags = asSetFlags(chosen);
+  args.insert(args.end(), flags.begin(), flags.end());
   return args;
 }
 

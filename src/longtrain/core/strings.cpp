@@ -38,47 +38,18 @@ std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); 
 
 namespace {
 constexpr double kMiBytes = 1024.0 * 1024.0;
-}  // namespace
 
-int64_t parseByteSize(const std::string& text, const std::string& what) {
-  auto bad = [&](const std::string& why) {
-    LT_CHECK(false, what, ": cannot read '", text, "' as a byte budget (", why,
-             "); expected a number with an optional unit, e.g. 4GiB, 512MiB, 1.5GB or 1000000");
-  };
-  size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
-  if (i == 0) bad("no number");
-  const std::string num = text.substr(0, i);
-  if (std::count(num.begin(), num.end(), '.') > 1) bad("malformed number");
-  char* end = nullptr;
-  double v = std::strtod(num.c_str(), &end);
-  if (end != num.c_str() + num.size()) bad("malformed number");
-  std::string unit = text.substr(i);
-  while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
-  for (auto& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  double mult = 0;
-  const std::pair<const char*, double> units[] = {
-      {"", 1},          {"b", 1},          {"k", 1024.0},       {"kib", 1024.0},     {"kb", 1e3},
-      {"m", kMiBytes},      {"mib", kMiBytes},     {"mb", 1e6},         {"g", kMiBytes * 1024},  {"gib", kMiBytes * 1024},
-      {"gb", 1e9},      {"t", kMiBytes * kMiBytes}, {"tib", kMiBytes * kMiBytes}, {"tb", 1e12}};
-  for (const auto& [name, m] : units)
-    if (unit == name) mult = m;
-  if (mult == 0) bad("unknown unit '" + text.substr(i) + "'");
-  const double bytes = v * mult;
-  if (!(bytes >= 1)) bad("not a positive size");
-  if (bytes > 9.0e18) bad("too large");
-  return static_cast<int64_t>(bytes);
-}
-
-namespace {
-
-// The digits and point `s` starts with, as a number (-1: none, or two points); *end: where it stops.
+// The digits and points `s` starts with, as a number; -1 when they do not read as one (two
+// points, a lone point) or there are none. *end: where they stop.
 double leadingNumber(const std::string& s, size_t* end) {
   size_t i = 0;
   while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
   *end = i;
-  if (i == 0 || std::count(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(i), '.') > 1) return -1;
-  return std::strtod(s.substr(0, i).c_str(), nullptr);
+  const std::string num = s.substr(0, i);
+  char* stop = nullptr;
+  const double v = std::strtod(num.c_str(), &stop);
+  if (i == 0 || std::count(num.begin(), num.end(), '.') > 1 || stop != num.c_str() + num.size()) return -1;
+  return v;
 }
 
 // `unit` in `table` (exact match), or 0.
@@ -89,6 +60,29 @@ double multiplierOf(const std::string& unit, std::initializer_list<std::pair<con
 }
 
 }  // namespace
+
+int64_t parseByteSize(const std::string& text, const std::string& what) {
+  auto bad = [&](const std::string& why) {
+    LT_CHECK(false, what, ": cannot read '", text, "' as a byte budget (", why,
+             "); expected a number with an optional unit, e.g. 4GiB, 512MiB, 1.5GB or 1000000");
+  };
+  size_t i = 0;
+  const double v = leadingNumber(text, &i);
+  if (i == 0) bad("no number");
+  if (v < 0) bad("malformed number");
+  std::string unit = text.substr(i);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
+  for (auto& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const double mult = multiplierOf(
+      unit, {{"", 1},          {"b", 1},          {"k", 1024.0},       {"kib", 1024.0},     {"kb", 1e3},
+             {"m", kMiBytes},  {"mib", kMiBytes}, {"mb", 1e6},         {"g", kMiBytes * 1024},  {"gib", kMiBytes * 1024},
+             {"gb", 1e9},      {"t", kMiBytes * kMiBytes}, {"tib", kMiBytes * kMiBytes}, {"tb", 1e12}});
+  if (mult == 0) bad("unknown unit '" + text.substr(i) + "'");
+  const double bytes = v * mult;
+  if (!(bytes >= 1)) bad("not a positive size");
+  if (bytes > 9.0e18) bad("too large");
+  return static_cast<int64_t>(bytes);
+}
 
 double parseLinkRate(const std::string& text, const std::string& what) {
   auto bad = [&](const std::string& why) {

@@ -2,7 +2,7 @@
 // communication that the program overlaps (ZeRO's gathers and reduce-scatters behind backward,
 // the ring's K/V steps behind attention) costs only what its compute does not hide; Ulysses'
 // all-to-alls sit on the critical path and cost in full. Across nodes, each collective is priced
-// by where its group's ranks sit (secondsPerByte below).
+// by where its group's ranks sit (collectiveSecondsPerByte, time_model.h).
 #include "longtrain/plan/time_model.h"
 
 #include <algorithm>
