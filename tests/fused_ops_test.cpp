@@ -104,10 +104,11 @@ TEST(FusedOps, SwigluSavingBf16IsTheGradientAtTheRoundedInput) {
 }
 
 // RoPE read in place from a column slice of a wider tensor (as from the one q/k/v GEMM), with
-// arbitrary positions and a head dim whose half leaves a vector tail.
+// arbitrary positions, head dims whose half leaves a vector tail, and halves below a vector that
+// pack several heads to one (whole, and with a tail of heads: 3 x 8 floats).
 TEST(FusedOps, RopeEqualsAtenFromAStridedSlice) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(25);
-  for (auto [H, Dh] : std::vector<std::pair<int64_t, int64_t>>{{4, 16}, {3, 6}, {2, 64}}) {
+  for (auto [H, Dh] : std::vector<std::pair<int64_t, int64_t>>{{4, 16}, {3, 6}, {2, 64}, {3, 8}, {5, 2}, {2, 32}}) {
     const int64_t B = 2, S = 37, width = H * Dh;
     auto wide0 = at::randn({B, S, 3 * width}, gen), up = at::randn({B, S, H, Dh}, gen);
     auto pos = at::randint(0, 1000, {B, S}, gen);

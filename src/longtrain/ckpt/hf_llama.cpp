@@ -145,6 +145,7 @@ InferenceModel loadInferenceModel(const std::string& path, const std::string& wh
   std::error_code ec;
   if (fs::is_regular_file(fs::path(path) / "config.json", ec)) {
     model::ModelConfig mc = config::readHfLlamaConfig(path, what).model;
+    mc.resolved.oneDnnGemm = model::oneDnnRunsFp32Gemms(mc.gemm);
     r.model = std::make_unique<model::Model>(mc, 0, /*initialize=*/false);
     HfWeights w(path, what);
     const auto expected = expectedOf(*r.model);
@@ -157,7 +158,8 @@ InferenceModel loadInferenceModel(const std::string& path, const std::string& wh
     return r;
   }
   Checkpoint c(resolve(path, what));
-  const config::Config cfg = checkpointConfig(c);
+  config::Config cfg = checkpointConfig(c);
+  cfg.model.resolved.oneDnnGemm = model::oneDnnRunsFp32Gemms(cfg.model.gemm);  // as the run resolved it
   r.model = std::make_unique<model::Model>(cfg.model, 0, /*initialize=*/false);
   auto params = r.model->parameters();
   LT_CHECK(params.size() == c.manifest().params.size(), "checkpoint '", c.dir(), "' holds ",

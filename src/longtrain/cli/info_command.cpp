@@ -29,7 +29,7 @@ void printGemmPeaks() {
   const Route routes[] = {
       {kernels::GemmRoute::Blas, "gemm peak", "fp32 through the BLAS"},
       {kernels::GemmRoute::OneDnn, "gemm peak onednn",
-       "fp32, oneDNN's sgemm; model.gemm \"auto\" takes it where the BLAS kernel is below the CPU"},
+       "fp32, oneDNN's sgemm; model.gemm \"auto\" takes it on CPUs with AVX2 and FMA"},
       {kernels::GemmRoute::Bf16, "gemm peak bf16",
        "oneDNN's bf16 matmul, fp32 result; bf16.enabled uses it only where it is faster"}};
   for (const auto& r : routes) {

@@ -14,6 +14,7 @@
 #include "longtrain/config/run_plan.h"
 #include "longtrain/core/check.h"
 #include "longtrain/core/strings.h"
+#include "longtrain/model/model.h"
 #include "longtrain/plan/fit.h"
 #include "longtrain/plan/memory_model.h"
 #include "longtrain/plan/time_model.h"
@@ -129,7 +130,7 @@ config::Config plannedConfig(const std::string& path, const std::vector<std::str
 
 kernels::GemmRoute routeOf(const config::Config& cfg) {
   if (cfg.model.resolved.bf16Gemms) return kernels::GemmRoute::Bf16;
-  return cfg.model.gemm == config::GemmChoice::OneDnn ? kernels::GemmRoute::OneDnn : kernels::GemmRoute::Blas;
+  return model::oneDnnRunsFp32Gemms(cfg.model.gemm) ? kernels::GemmRoute::OneDnn : kernels::GemmRoute::Blas;
 }
 
 // Rates at the rank's thread count (restored after); across nodes, the link at `linkSecondsPerByte`.

@@ -20,6 +20,7 @@
 #include <tuple>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/cpu.h"
 #include "longtrain/core/torch_compat.h"
 #include "longtrain/kernels/footprint.h"
 #include "longtrain/kernels/fused_ops.h"
@@ -30,13 +31,13 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// c [M, N] = op(a) op(b), all row-major and contiguous; op(a) is [M, K], op(b) [K, N].
+// c [M, N] = op(a) op(b) + beta c, all row-major and contiguous; op(a) is [M, K], op(b) [K, N].
 void sgemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const at::Tensor& a, const at::Tensor& b,
-           at::Tensor& c) {
+           const at::Tensor& c, float beta = 0.0f) {
   LT_ASSERT(a.is_contiguous() && b.is_contiguous() && c.is_contiguous() && a.scalar_type() == at::kFloat &&
             b.scalar_type() == at::kFloat);
   const dnnl_status_t s = dnnl_sgemm(transA ? 'T' : 'N', transB ? 'T' : 'N', M, N, K, 1.0f, a.data_ptr<float>(),
-                                     transA ? M : K, b.data_ptr<float>(), transB ? K : N, 0.0f, c.data_ptr<float>(), N);
+                                     transA ? M : K, b.data_ptr<float>(), transB ? K : N, beta, c.data_ptr<float>(), N);
   LT_CHECK(s == dnnl_success, "oneDNN sgemm failed (status ", static_cast<int>(s), ") on [", M, ", ", K, "] x [", K,
            ", ", N, "]; set model.gemm=\"blas\" to use OpenBLAS");
 }
@@ -213,10 +214,15 @@ void matmulInto(at::Tensor& out, const at::Tensor& a, bool transA, const at::Ten
 }
 
 void matmulAccumulate(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route) {
-  if (route != GemmRoute::Blas) return void(out.add_(matmul(a, transA, b, transB, route)));
+  if (route == GemmRoute::Bf16) return void(out.add_(matmul(a, transA, b, transB, route)));
   LT_ASSERT(a.dim() == 2 && b.dim() == 2 && out.is_contiguous());
-  addProductInRowBlocks(out, transA ? a.t() : a, transB ? b.t() : b);
+  if (route == GemmRoute::Blas) return addProductInRowBlocks(out, transA ? a.t() : a, transB ? b.t() : b);
+  const int64_t M = out.size(0), N = out.size(1), K = a.size(transA ? 0 : 1);
+  LT_ASSERT(b.size(transB ? 1 : 0) == K);
+  sgemm(transA, transB, M, N, K, a.contiguous(), b.contiguous(), out, 1.0f);
 }
+
+bool oneDnnIsTheFp32Default() { return cpuIsa().avx2Fma; }
 
 at::Tensor matmul(const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route) {
   auto out = at::empty({a.size(transA ? 1 : 0), b.size(transB ? 0 : 1)}, a.options().dtype(at::kFloat));

@@ -1,8 +1,8 @@
 // The model's fp32 GEMMs through oneDNN's sgemm, beside ATen's (OpenBLAS). Non-obvious:
 // oneDNN picks its kernel from cpuid at run time (AVX-512 wherever the CPU has it), so it
 // does not depend on OPENBLAS_CORETYPE, which some machines must pin to an older kernel
-// (OpenBLAS 0.3.21 computes wrong results on CPUs it does not know). The engine takes this
-// route only where it measures faster (model.gemm "auto"); libtorch links the same libdnnl.
+// (OpenBLAS 0.3.21 computes wrong results on CPUs it does not know). model.gemm "auto" takes it
+// on every CPU with AVX2 and FMA (oneDnnIsTheFp32Default); libtorch links the same libdnnl.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -25,9 +25,16 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, GemmRoute route);
 // `matmul` allocates out.
 void matmulInto(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);
 at::Tensor matmul(const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);
-// out += op(a) op(b): on the BLAS route GEMMs with beta = 1 (row blocks), so no product-sized temporary
-// exists (the LM head's [V, D] weight gradient, per loss tile); the oneDNN routes add a product.
+// out += op(a) op(b): on the fp32 routes GEMMs with beta = 1 (the BLAS's in row blocks), so no
+// product-sized temporary exists (the LM head's [V, D] weight gradient, per loss tile); the bf16
+// route adds a product.
 void matmulAccumulate(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);
+
+// model.gemm "auto": whether oneDNN's sgemm runs the fp32 GEMMs on this CPU. A rule, not a race
+// at start-up (a timing on a busy machine could choose differently between a run and its resume,
+// and the routes' bits differ): every CPU with AVX2 and FMA, where its JIT kernels beat OpenBLAS
+// 0.3.21 at every shape measured (docs/performance.md, "GEMM routes"); OpenBLAS below that.
+bool oneDnnIsTheFp32Default();
 
 // Tests: the bf16 route's products on operands widened to fp32 (what a CPU without a oneDNN bf16
 // kernel runs), whatever this CPU has. Process-wide.

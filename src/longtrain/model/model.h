@@ -40,6 +40,9 @@ using AttentionFn = std::function<at::Tensor(const at::Tensor& q, const at::Tens
 
 // The route the engine chose for the model's GEMMs (model.gemm, bf16.enabled); see gemm.h.
 GemmRoute gemmRoute(const ModelConfig& c);
+// model.gemm resolved on this CPU (what a run, its plan and a model loaded to evaluate or generate
+// all take): "onednn" and "blas" as told, "auto" kernels::oneDnnIsTheFp32Default's rule.
+bool oneDnnRunsFp32Gemms(config::GemmChoice gemm);
 
 // Whether the fused attention core runs its tile products on bf16 operands: under the bf16 GEMM
 // route with bf16.attention, on a CPU with AVX512_BF16 (elsewhere attention stays fp32 under bf16).

@@ -246,14 +246,7 @@ bool Engine::chooseBf16() {
   return use;
 }
 
-// model.gemm: "blas" / "onednn" as told; "auto": oneDNN's sgemm where the BLAS kernel is
-// below what the CPU supports (OPENBLAS_CORETYPE pinned to an older kernel, or a CPU OpenBLAS
-// does not know). A rule, not a start-up race between the two: a timing on a busy machine
-// could pick differently from one run to the next, and a resumed run must compute the same bits.
-bool Engine::chooseOneDnnGemm() {
-  if (cfg_.model.gemm != config::GemmChoice::Auto) return cfg_.model.gemm == config::GemmChoice::OneDnn;
-  return blasKernelReport().belowCpu;
-}
+bool Engine::chooseOneDnnGemm() { return model::oneDnnRunsFp32Gemms(cfg_.model.gemm); }
 
 // model.loss_chunk / tiled_mlp "auto": each rank chooses against its own budget, and the world
 // takes the most tiling any rank needs (the tiling changes no collective, but every rank must
