@@ -131,11 +131,17 @@ FusedAttentionGrads runBackward(const at::Tensor& q, const at::Tensor& k, const 
   return g;
 }
 
+// No document mask: one empty tensor for every call (an autograd input must be defined).
+const at::Tensor& noDocumentMask() {
+  static const at::Tensor none = at::empty({0}, at::kLong);
+  return none;
+}
+
 // A tile longer than the sequence is one tile: sized by it, not by model.attention_chunk
 // (whose scratch would otherwise be tile^2 floats).
 Launch launchFor(const at::Tensor& q, const FusedAttentionOptions& options) {
   const int64_t asked = options.tile > 0 ? options.tile : kDefaultTile;
-  return {options.documentStart.defined() ? options.documentStart.contiguous() : at::empty({0}, at::kLong),
+  return {options.documentStart.defined() ? options.documentStart.contiguous() : noDocumentMask(),
           std::min(asked, std::max(q.size(1), kDefaultTile)), options.isa, options.bf16};
 }
 
