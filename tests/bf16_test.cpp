@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <string>
 
 #include "longtrain/kernels/fused_attention.h"
 #include "testing.h"
@@ -46,6 +48,24 @@ TEST(Bf16, LossesTrackFp32OverFiftySteps) {
   if (lt::kernels::fusedAttentionBf16Supported()) {
     EXPECT_NE(fp32Attention.losses[5], bf16.losses[5]);
   }
+}
+
+// Under bf16.only_if_faster (the default) bf16.attention is measured at start-up like the GEMMs:
+// the run says which it took, and the start-up line shows the attention the model then runs.
+// Timings decide, so the test checks that the two lines agree, not which way they went.
+TEST(Bf16, AttentionTakesBf16OnlyWhereItMeasuresFaster) {
+  if (!lt::kernels::fusedAttentionBf16Supported()) GTEST_SKIP() << "no AVX512_BF16: bf16 attention never runs here";
+  const auto dir = lt::testing::freshTempDir("longtrain_bf16_attention");
+  auto j = quickLike();
+  j["train"]["steps"] = 2;
+  j["bf16"] = {{"enabled", true}};
+  std::ofstream(dir / "cfg.json") << j.dump();
+  const auto r = lt::testing::runCommand(std::string(LONGTRAIN_BIN) + " train " + (dir / "cfg.json").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  if (r.out.find("GEMMs run in bf16") == std::string::npos) GTEST_SKIP() << "bf16 GEMMs were not faster here: " << r.out;
+  const bool said = r.out.find("attention runs its products in bf16") != std::string::npos;
+  EXPECT_TRUE(said || r.out.find("attention stays fp32") != std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(said ? "bf16 (attention's products too)" : "bf16 (attention in fp32)"), std::string::npos) << r.out;
 }
 
 TEST(Bf16, Fp16IsRefusedByName) {

@@ -20,6 +20,7 @@
 #include "longtrain/core/cpu.h"
 #include "longtrain/core/memory.h"
 #include "longtrain/data/tokenizer.h"
+#include "longtrain/kernels/fused_attention.h"
 #include "longtrain/model/attention.h"
 #include "longtrain/offload/grad_verdict.h"
 #include "longtrain/plan/fit.h"
@@ -111,8 +112,11 @@ Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg
   k.oneDnnGemm = chooseOneDnnGemm();
   k.bf16Gemms = cfg_.precision.bf16 && chooseBf16();  // against the fp32 route just chosen
   // bf16.attention asked for, where the model's rule allows it (bf16 GEMMs, the fused kernel, a
-  // CPU with AVX512_BF16): a CPU capability, so agreeOnPlan() refuses a world whose CPUs differ.
-  k.bf16Attention = cfg_.precision.attention;
+  // CPU with AVX512_BF16) and it is faster: a CPU capability, so agreeOnPlan() refuses a world
+  // whose CPUs differ. The conditions before the measurement are the config's, the same on every
+  // rank, so every rank joins its collective.
+  k.bf16Attention = k.bf16Gemms && cfg_.precision.attention &&
+                    cfg_.model.attention == config::AttentionKernel::Fused && chooseBf16Attention();
   k.bf16Attention = model::attentionInBf16(plan_.model(cfg_.model));
   k.packedDocuments = cfg_.data.packing == config::Packing::Documents;
   plan_.memoryBudget = plan::memoryBudgetFor(cfg_, opts.localRanks > 0 ? opts.localRanks : groups_.world->size());
@@ -243,6 +247,33 @@ bool Engine::chooseBf16() {
                 bf16 / 1e9, plan_.kernels.oneDnnGemm ? "oneDNN" : "BLAS", fp32 / 1e9, at::get_num_threads(),
                 use ? "GEMMs run in bf16, weights and optimizer in fp32"
                     : "bf16 is not 10% faster here, training runs in fp32 (bf16.only_if_faster=false forces bf16)");
+  return use;
+}
+
+// On an Intel Xeon (family 6, model 167; AVX512_BF16 without AMX tile products here) the bf16
+// tile products ran slower than fp32 once the fp32 bands ran whole micro-tiles (bench/attention,
+// seq 4096 x head dim 16: 120 against 110 ms; the long e2e shape 14.0k against 16.6k tokens/s
+// with bf16 GEMMs), while on an AMD EPYC Zen 5 they were 16-35% faster. So it is measured, at the
+// model's head dim and group and min(seq_len, 1024) tokens.
+bool Engine::chooseBf16Attention() {
+  const auto& m = cfg_.model;
+  bool use = kernels::fusedAttentionBf16Supported();
+  double fp32 = 0, bf16 = 0;
+  if (use && cfg_.precision.onlyIfFaster) {
+    const int64_t kv = std::min<int64_t>(m.kvHeads, 2), group = m.heads / m.kvHeads;
+    const int64_t seq = std::min<int64_t>(cfg_.data.seqLen, 1024);
+    fp32 = measureAttentionSeconds(kv * group, kv, m.headDim(), seq, m.attentionChunk, false);
+    bf16 = measureAttentionSeconds(kv * group, kv, m.headDim(), seq, m.attentionChunk, true);
+    use = fp32 > kBf16Margin * bf16;
+  }
+  auto t = at::tensor({use ? 1.0 : 0.0}, at::kDouble);
+  groups_.world->allReduce(t, comm::ReduceOp::Min).wait();
+  use = t.item<double>() > 0;
+  if (groups_.world->rank() == 0 && bf16 > 0)
+    std::printf("longtrain: bf16.attention: bf16 tile products %.1f ms against fp32 %.1f (forward + backward, %lld "
+                "tokens): %s\n",
+                1e3 * bf16, 1e3 * fp32, (long long)std::min<int64_t>(cfg_.data.seqLen, 1024),
+                use ? "attention runs its products in bf16" : "not 10% faster here, attention stays fp32");
   return use;
 }
 

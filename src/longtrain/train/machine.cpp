@@ -3,12 +3,14 @@
 #include "longtrain/train/machine.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 
 #include "longtrain/core/check.h"
+#include "longtrain/kernels/fused_attention.h"
 
 namespace lt::train {
 
@@ -38,6 +40,24 @@ double measureGemmPeakFlops(kernels::GemmRoute route) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, 2.0 * n * n * n / s);
     if (i >= 2 && std::chrono::steady_clock::now() - start > std::chrono::milliseconds(300)) break;
+  }
+  return best;
+}
+
+double measureAttentionSeconds(int64_t heads, int64_t kvHeads, int64_t headDim, int64_t seq, int64_t tile, bool bf16) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(17);
+  const auto q = at::randn({1, seq, heads, headDim}, gen), dout = at::randn({1, seq, heads, headDim}, gen);
+  const auto k = at::randn({1, seq, kvHeads, headDim}, gen), v = at::randn({1, seq, kvHeads, headDim}, gen);
+  kernels::FusedAttentionOptions o;
+  o.tile = tile;
+  o.bf16 = bf16;
+  auto run = [&] { kernels::fusedAttentionBackward(q, k, v, kernels::fusedAttentionForward(q, k, v, o), dout, o); };
+  run();  // warm-up: scratch, page faults
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }

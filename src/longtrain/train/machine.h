@@ -24,6 +24,10 @@ double modelFlopsPerToken(const model::ModelConfig& m, int64_t seqLen);
 // matmul: AVX512_BF16 / AMX where the CPU has them; widened to fp32, slowly, where it has none).
 double measureGemmPeakFlops(kernels::GemmRoute route = kernels::GemmRoute::Blas);
 
+// Best-of-3 seconds of one fused attention forward + backward (B = 1, random inputs) with fp32
+// or bf16 tile products (bf16.attention's start-up comparison).
+double measureAttentionSeconds(int64_t heads, int64_t kvHeads, int64_t headDim, int64_t seq, int64_t tile, bool bf16);
+
 // Largest error of an fp32 GEMM route (at::mm, or oneDNN's sgemm) against a double-precision
 // loop, over odd shapes that exercise the kernel's edge paths, relative to sum_k |a_ik| |b_kj|
 // (the bound fp32 error scales with).
