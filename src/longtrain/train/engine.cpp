@@ -17,7 +17,6 @@
 #include "longtrain/ckpt/hf_llama.h"
 #include "longtrain/config/validate.h"
 #include "longtrain/core/check.h"
-#include "longtrain/core/cpu.h"
 #include "longtrain/core/memory.h"
 #include "longtrain/data/tokenizer.h"
 #include "longtrain/kernels/fused_attention.h"
@@ -109,7 +108,7 @@ Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg
   LT_ASSERT(lay.R == 1 || (groups_.spRing && groups_.spRing->size() == lay.R), "the config resolves SP to ",
             lay.describe(), " but comm::makeGroups was given no ring degree ", lay.R);
   config::KernelChoices& k = plan_.kernels;
-  k.oneDnnGemm = chooseOneDnnGemm();
+  k.oneDnnGemm = model::oneDnnRunsFp32Gemms(cfg_.model.gemm);  // a rule: no collective
   k.bf16Gemms = cfg_.precision.bf16 && chooseBf16();  // against the fp32 route just chosen
   // bf16.attention asked for, where the model's rule allows it (bf16 GEMMs, the fused kernel, a
   // CPU with AVX512_BF16) and it is faster: a CPU capability, so agreeOnPlan() refuses a world
@@ -258,10 +257,10 @@ bool Engine::chooseBf16() {
 bool Engine::chooseBf16Attention() {
   const auto& m = cfg_.model;
   bool use = kernels::fusedAttentionBf16Supported();
+  const int64_t seq = std::min<int64_t>(cfg_.data.seqLen, 1024);
   double fp32 = 0, bf16 = 0;
   if (use && cfg_.precision.onlyIfFaster) {
     const int64_t kv = std::min<int64_t>(m.kvHeads, 2), group = m.heads / m.kvHeads;
-    const int64_t seq = std::min<int64_t>(cfg_.data.seqLen, 1024);
     fp32 = measureAttentionSeconds(kv * group, kv, m.headDim(), seq, m.attentionChunk, false);
     bf16 = measureAttentionSeconds(kv * group, kv, m.headDim(), seq, m.attentionChunk, true);
     use = fp32 > kBf16Margin * bf16;
@@ -272,12 +271,10 @@ bool Engine::chooseBf16Attention() {
   if (groups_.world->rank() == 0 && bf16 > 0)
     std::printf("longtrain: bf16.attention: bf16 tile products %.1f ms against fp32 %.1f (forward + backward, %lld "
                 "tokens): %s\n",
-                1e3 * bf16, 1e3 * fp32, (long long)std::min<int64_t>(cfg_.data.seqLen, 1024),
+                1e3 * bf16, 1e3 * fp32, (long long)seq,
                 use ? "attention runs its products in bf16" : "not 10% faster here, attention stays fp32");
   return use;
 }
-
-bool Engine::chooseOneDnnGemm() { return model::oneDnnRunsFp32Gemms(cfg_.model.gemm); }
 
 // model.loss_chunk / tiled_mlp "auto": each rank chooses against its own budget, and the world
 // takes the most tiling any rank needs (the tiling changes no collective, but every rank must

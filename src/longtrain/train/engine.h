@@ -112,7 +112,6 @@ class Engine : public ckpt::TrainState {
   void buildExecutor();
   bool chooseBf16();  // bf16.enabled: whether the bf16 GEMM is faster on every rank (collective)
   bool chooseBf16Attention();  // bf16.attention: whether its tile products are faster on every rank (collective)
-  bool chooseOneDnnGemm();  // model.gemm: whether oneDNN runs the fp32 GEMMs (a rule: no collective)
   void chooseTiling();      // collective: "auto" loss_chunk / tiled_mlp, the most any rank needs
   int chooseGraphBlocks();  // collective: every rank takes the smallest choice
   void loadInitialWeights();  // model.init_from's safetensors into this rank's state
