@@ -5,7 +5,7 @@
 // against one rank's fused attention on the whole sequence.
 // Non-obvious: ranks are threads with 1 intra-op thread each, so P ranks use min(P, cores)
 // cores; at P = 4 on 2 cores they oversubscribe (the step time then includes time-slicing).
-// Usage: bench_ring_attention [seq=8192] [heads=4] [kv_heads=2] [head_dim=64] [iters=2] [chunk=256]
+// Usage: bench_ring_attention [seq=8192] [heads=4] [kv_heads=2] [head_dim=64] [iters=2] [tile=0: the kernel's]
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -111,10 +111,10 @@ int main(int argc, char** argv) {
   auto arg = [&](int i, int64_t def) { return argc > i ? std::atoll(argv[i]) : def; };
   const Shape s{arg(1, 8192), arg(2, 4), arg(3, 2), arg(4, 64)};
   const int iters = static_cast<int>(arg(5, 2));
-  const int64_t chunk = arg(6, 256);
+  const int64_t chunk = arg(6, 0);
   const unsigned cores = std::thread::hardware_concurrency();
   std::printf("ring attention bench: seq %lld, %lld heads, %lld kv heads, head dim %lld, batch 1, fp32, %u cores "
-              "(P = 4 oversubscribes %u cores), %d timed iterations, ring blocks of %lld\n",
+              "(P = 4 oversubscribes %u cores), %d timed iterations, ring tile %lld (0: the fused kernel's)\n",
               (long long)s.S, (long long)s.H, (long long)s.KV, (long long)s.D, cores, cores, iters, (long long)chunk);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
   auto q = at::randn({1, s.S, s.H, s.D}, gen), k = at::randn({1, s.S, s.KV, s.D}, gen),

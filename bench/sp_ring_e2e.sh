@@ -5,7 +5,7 @@
 # mean step time of steps 2-3, tokens/s and the largest rank's peak RSS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BIN=./build/longtrain; out=$(mktemp -d)
+BIN=${BIN:-./build/longtrain}; out=$(mktemp -d)
 printf "| P | ring degree | layout | step s (mean of steps 2-3) | tokens/s | peak RSS MiB |\n|---|---|---|---|---|---|\n"
 for pr in "2 1" "2 2" "4 1" "4 2" "4 4"; do
   set -- $pr

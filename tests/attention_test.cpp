@@ -253,6 +253,72 @@ TEST(FusedAttention, Bf16ProductsEqualNaiveWithinBf16Rounding) {
   check(q, k, v, lt::model::documentStartFromPositions(pos), 16, "documents bf16");
 }
 
+// Queries at an offset among the keys (a ring step's block: sp/ring_attention.cpp), against a
+// dense mask where row s sees keys [start[s], s + offset]: keys wholly earlier, a block that
+// meets the diagonal, more and fewer keys than queries, and rows that see no key at all (zero
+// output, log-sum-exp -inf, no gradient), for each ISA this CPU runs.
+at::Tensor offsetMask(int64_t B, int64_t S, int64_t Sk, int64_t offset, const at::Tensor& start) {
+  auto rows = at::arange(S, at::kLong).view({1, S, 1}), cols = at::arange(Sk, at::kLong).view({1, 1, Sk});
+  auto hidden = (cols > rows + offset).expand({B, S, Sk});
+  return start.defined() ? hidden | (cols < start.unsqueeze(-1)) : hidden;  // [B, S, Sk]
+}
+
+// The dense reference's output and log-sum-exp [B, H, S]; a row with no key gets 0 and -inf (one
+// column is unmasked for the softmax and its weight zeroed after, so no NaN reaches a gradient).
+std::pair<at::Tensor, at::Tensor> offsetReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                  const at::Tensor& hidden) {
+  const int64_t H = q.size(2), KV = k.size(2);
+  auto kk = k.repeat_interleave(H / KV, 2).transpose(1, 2), vv = v.repeat_interleave(H / KV, 2).transpose(1, 2);
+  auto scores = at::matmul(q.transpose(1, 2), kk.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));
+  auto none = hidden.all(-1, true);  // [B, S, 1]
+  auto mask = (hidden & ~(none & (at::arange(hidden.size(2)) == 0))).unsqueeze(1);
+  scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  auto seen = (~none).unsqueeze(1).to(q.scalar_type());  // [B, 1, S, 1]
+  auto lse = at::logsumexp(scores, -1, true).masked_fill(seen == 0, -std::numeric_limits<float>::infinity());
+  return {at::matmul(at::softmax(scores, -1) * seen, vv).transpose(1, 2), lse.squeeze(-1)};
+}
+
+TEST(FusedAttention, QueriesAtAnOffsetEqualADenseMask) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(19);
+  struct OffsetCase {
+    int64_t B, S, Sk, H, KV, D, tile, offset;
+    bool documents;
+  };
+  const std::vector<OffsetCase> cases = {
+      {1, 20, 13, 4, 2, 16, 8, 13, false},  // keys wholly earlier: every key visible
+      {2, 19, 23, 4, 1, 8, 4, 5, false},    // a block across the diagonal, more keys than queries
+      {1, 10, 30, 2, 2, 16, 64, 0, false},  // the first queries over a longer key run
+      {1, 17, 9, 2, 1, 8, 4, -3, false},    // keys start after the first queries: rows 0-2 see none
+      {2, 21, 15, 4, 2, 8, 4, 15, true},    // documents: rows 15- start after every key
+      {1, 26, 26, 2, 1, 16, 8, 0, true},    // the diagonal block with documents
+  };
+  for (const auto& c : cases) {
+    auto q = at::randn({c.B, c.S, c.H, c.D}, gen), up = at::randn({c.B, c.S, c.H, c.D}, gen);
+    auto k = at::randn({c.B, c.Sk, c.KV, c.D}, gen), v = at::randn({c.B, c.Sk, c.KV, c.D}, gen);
+    at::Tensor start;
+    if (c.documents) {  // documents every 4 (batch row 0) or 5 (row 1) keys; clamped: past every key
+      auto rows = at::arange(c.S, at::kLong).unsqueeze(0), every = at::arange(c.B, at::kLong).view({c.B, 1}) + 4;
+      start = (at::div(rows, every, "floor") * every).clamp(0, c.Sk);
+    }
+    const auto hidden = offsetMask(c.B, c.S, c.Sk, c.offset, start);
+    auto ref = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& cc) { return offsetReference(a, b, cc, hidden).first; });
+    const auto refLse = offsetReference(q, k, v, hidden).second;
+    const std::string what = "S" + std::to_string(c.S) + " Sk" + std::to_string(c.Sk) + " offset " +
+                             std::to_string(c.offset) + (c.documents ? " documents" : "");
+    for (auto isa : supportedIsas()) {
+      lt::kernels::FusedAttentionOptions o;
+      o.tile = c.tile, o.isa = isa, o.queryOffset = c.offset;
+      if (start.defined()) o.documentStart = start;
+      auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& cc) { return lt::kernels::fusedAttention(a, b, cc, o); });
+      expectClose(got, ref, std::string(lt::kernels::isaName(isa)) + " " + what);
+      const auto lse = lt::kernels::fusedAttentionForward(q, k, v, o).lse;
+      EXPECT_TRUE(at::equal(at::isinf(lse), at::isinf(refLse))) << what << ": rows with no key";
+      auto finite = at::isfinite(refLse);
+      EXPECT_LE(relErr(lse.masked_select(finite), refLse.masked_select(finite)), Tol::kFusedKernel) << what << " lse";
+    }
+  }
+}
+
 TEST(FusedAttention, BadArgumentsAreNamed) {
   auto q = at::randn({1, 8, 4, 8}), k = at::randn({1, 8, 3, 8});
   EXPECT_NE(lt::testing::errorOf([&] { lt::kernels::fusedAttention(q, k, k); }).find("not a multiple of 3 kv heads"),

@@ -50,7 +50,7 @@ struct StepShape {
   double heads = 0, kvHeads = 0, headDim = 0;
   double intermediate = 0;  // F
   double vocab = 0;         // V
-  double attentionTile = 256;  // chunked and ring attention's tile (model.attention_chunk, 0: 256)
+  double attentionTile = 256;  // the chunked attention's tile (model.attention_chunk, 0: 256)
   double lossTile = 0;      // tokens per sequence in one loss tile (Executor::lossTile)
   // One fp32 tensor of [B, S/P, n] (units the model paths count in).
   double rows(double n) const { return batch * tokens * n * 4; }

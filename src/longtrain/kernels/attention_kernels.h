@@ -6,11 +6,14 @@
 
 namespace lt::kernels::attn_detail {
 
-// q, out [B, S, H, D]; k, v [B, S, KV, D] (row-major, contiguous); kt, vt [B, KV, D, S] (the
+// q, out [B, S, H, D]; k, v [B, Sk, KV, D] (row-major, contiguous); kt, vt [B, KV, D, Sk] (the
 // transposes); lse [B, H, S]; start [B, S]: the first key column row s may attend to (its
 // document's first token; null: 0, plain causal). Query heads h*KV/H.. share kv head h/(H/KV).
+// Row s sits at key position s + offset: it sees key columns [start[s], s + offset]. Causal
+// self-attention is Sk = S, offset = 0; a ring step's block of queries over another shard's keys
+// has its own (a row that sees no key gets a zero output and a log-sum-exp of -inf).
 struct Shape {
-  int64_t B = 0, S = 0, H = 0, KV = 0, D = 0, tile = 64;
+  int64_t B = 0, S = 0, Sk = 0, H = 0, KV = 0, D = 0, tile = 64, offset = 0;
   float scale = 1;
   int64_t tiles() const { return (S + tile - 1) / tile; }
 };

@@ -67,10 +67,10 @@ void runTasks(int64_t n, int64_t scratchFloats, const Task& task) {
   });
 }
 
-Shape shapeOf(const at::Tensor& q, const at::Tensor& k, int64_t tile) {
+Shape shapeOf(const at::Tensor& q, const at::Tensor& k, int64_t tile, int64_t offset) {
   Shape s;
-  s.B = q.size(0), s.S = q.size(1), s.H = q.size(2), s.KV = k.size(2), s.D = q.size(3);
-  s.tile = tile;
+  s.B = q.size(0), s.S = q.size(1), s.Sk = k.size(1), s.H = q.size(2), s.KV = k.size(2), s.D = q.size(3);
+  s.tile = tile, s.offset = offset;
   s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.D)));
   return s;
 }
@@ -82,18 +82,19 @@ at::Tensor transposed(const at::Tensor& x) { return x.permute({0, 2, 3, 1}).cont
 const int64_t* startPtr(const at::Tensor& start) { return start.numel() > 0 ? start.data_ptr<int64_t>() : nullptr; }
 
 // What a kernel call needs besides its tensors: the document mask (empty: none), the resolved
-// tile and the build to run.
+// tile, the build to run and where the queries sit among the keys.
 struct Launch {
   at::Tensor start;
   int64_t tile = 0;
   Isa isa = Isa::Baseline;
   bool bf16 = false;
+  int64_t offset = 0;
 };
 
 FusedAttentionResult runForward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Launch& l) {
   trace::Scope scope("kernel", "attention forward");
   at::NoGradGuard ng;
-  const Shape s = shapeOf(q, k, l.tile);
+  const Shape s = shapeOf(q, k, l.tile, l.offset);
   FusedAttentionResult r{at::empty_like(q), at::empty({s.B, s.H, s.S}, q.options())};
   auto kt = transposed(k);
   attn_detail::Forward a;
@@ -114,7 +115,7 @@ FusedAttentionGrads runBackward(const at::Tensor& q, const at::Tensor& k, const 
                                 const FusedAttentionResult& fwd, const at::Tensor& doutIn, const Launch& l) {
   trace::Scope scope("kernel", "attention backward");
   at::NoGradGuard ng;
-  const Shape s = shapeOf(q, k, l.tile);
+  const Shape s = shapeOf(q, k, l.tile, l.offset);
   auto dout = doutIn.contiguous();
   FusedAttentionGrads g{at::zeros_like(q), at::empty_like(k), at::empty_like(v)};
   auto kt = transposed(k), vt = transposed(v);
@@ -142,15 +143,15 @@ const at::Tensor& noDocumentMask() {
 Launch launchFor(const at::Tensor& q, const FusedAttentionOptions& options) {
   const int64_t asked = options.tile > 0 ? options.tile : kDefaultTile;
   return {options.documentStart.defined() ? options.documentStart.contiguous() : noDocumentMask(),
-          std::min(asked, std::max(q.size(1), kDefaultTile)), options.isa, options.bf16};
+          std::min(asked, std::max(q.size(1), kDefaultTile)), options.isa, options.bf16, options.queryOffset};
 }
 
 struct FusedAttentionFn : torch::autograd::Function<FusedAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& start, int64_t tile, int64_t isa, bool bf16) {
-    auto r = runForward(q, k, v, {start, tile, static_cast<Isa>(isa), bf16});
+                            const at::Tensor& start, int64_t tile, int64_t isa, bool bf16, int64_t offset) {
+    auto r = runForward(q, k, v, {start, tile, static_cast<Isa>(isa), bf16, offset});
     ctx->save_for_backward({q, k, v, r.out, r.lse});
-    saveOptions(ctx, start, tile, static_cast<Isa>(isa), bf16);
+    saveOptions(ctx, start, tile, static_cast<Isa>(isa), bf16, offset);
     return r.out;
   }
 
@@ -158,16 +159,18 @@ struct FusedAttentionFn : torch::autograd::Function<FusedAttentionFn> {
     auto saved = ctx->get_saved_variables();
     auto g = runBackward(saved[0], saved[1], saved[2], {saved[3], saved[4]}, grads[0],
                          launchFor(saved[0], savedOptions(ctx)));
-    return {g.dq, g.dk, g.dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {g.dq, g.dk, g.dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
-void checkInputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& start) {
+void checkInputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& start,
+                 int64_t offset) {
   LT_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "fused attention: q, k, v must be [B, S, heads, head_dim]");
   LT_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
            "fused attention: fp32 tensors expected, got ", q.scalar_type());
-  LT_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
-           "fused attention: k and v must be [B, S, kv_heads, head_dim] beside q ", q.sizes(), "; got ", k.sizes(),
+  const bool selfAttention = offset == 0 && k.size(1) == q.size(1);
+  LT_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(1) > 0 && k.size(3) == q.size(3),
+           "fused attention: k and v must be [B, Sk, kv_heads, head_dim] beside q ", q.sizes(), "; got ", k.sizes(),
            " and ", v.sizes());
   LT_CHECK(q.size(2) % k.size(2) == 0, "fused attention: ", q.size(2), " query heads are not a multiple of ",
            k.size(2), " kv heads");
@@ -176,8 +179,12 @@ void checkInputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
                start.size(1) == q.size(1),
            "fused attention: documentStart must be int64 [B, S] = [", q.size(0), ", ", q.size(1), "]");
   auto rows = at::arange(q.size(1), start.options()).unsqueeze(0);
-  LT_CHECK(start.ge(0).all().item<bool>() && start.le(rows).all().item<bool>(),
-           "fused attention: documentStart[b, s] must lie in [0, s]");
+  if (selfAttention)
+    LT_CHECK(start.ge(0).all().item<bool>() && start.le(rows).all().item<bool>(),
+             "fused attention: documentStart[b, s] must lie in [0, s]");
+  else  // s + offset + 1: the row sees no key of this block
+    LT_CHECK(start.ge(0).all().item<bool>() && start.le(rows + (offset + 1)).all().item<bool>(),
+             "fused attention: documentStart[b, s] must lie in [0, s + queryOffset + 1] (queryOffset ", offset, ")");
   if (q.size(1) > 1)
     LT_CHECK(start.slice(1, 1).ge(start.slice(1, 0, -1)).all().item<bool>(),
              "fused attention: documentStart must be non-decreasing along the sequence (documents are contiguous)");
@@ -198,15 +205,15 @@ int64_t backwardScratch(const Shape& s) {
 
 at::Tensor fusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const FusedAttentionOptions& options) {
-  checkInputs(q, k, v, options.documentStart);
+  checkInputs(q, k, v, options.documentStart, options.queryOffset);
   const Launch l = launchFor(q, options);
   return FusedAttentionFn::apply(q.contiguous(), k.contiguous(), v.contiguous(), l.start, l.tile,
-                                 static_cast<int64_t>(l.isa), l.bf16);
+                                 static_cast<int64_t>(l.isa), l.bf16, l.offset);
 }
 
 FusedAttentionResult fusedAttentionForward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            const FusedAttentionOptions& options) {
-  checkInputs(q, k, v, options.documentStart);
+  checkInputs(q, k, v, options.documentStart, options.queryOffset);
   return runForward(q.contiguous(), k.contiguous(), v.contiguous(), launchFor(q, options));
 }
 
@@ -219,8 +226,9 @@ FusedAttentionGrads fusedAttentionBackward(const at::Tensor& q, const at::Tensor
   return runBackward(q.contiguous(), k.contiguous(), v.contiguous(), forward, dout, launchFor(q, options));
 }
 
-void saveOptions(AutogradContext* ctx, const at::Tensor& start, int64_t tile, Isa isa, bool bf16) {
+void saveOptions(AutogradContext* ctx, const at::Tensor& start, int64_t tile, Isa isa, bool bf16, int64_t offset) {
   ctx->saved_data["start"] = start;
+  ctx->saved_data["offset"] = offset;
   ctx->saved_data["tile"] = tile;
   ctx->saved_data["isa"] = static_cast<int64_t>(isa);
   ctx->saved_data["bf16"] = bf16;
@@ -233,6 +241,7 @@ FusedAttentionOptions savedOptions(AutogradContext* ctx) {
   o.tile = ctx->saved_data["tile"].toInt();
   o.isa = static_cast<Isa>(ctx->saved_data["isa"].toInt());
   o.bf16 = ctx->saved_data["bf16"].toBool();
+  o.queryOffset = ctx->saved_data["offset"].toInt();
   return o;
 }
 

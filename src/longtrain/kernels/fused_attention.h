@@ -29,12 +29,19 @@ struct FusedAttentionOptions {
   // saved log-sum-exp, the output and the gradients stay fp32): the model's attention under the
   // bf16 GEMM route. Needs isa == Avx512Bf16 (fusedAttentionBf16Supported()).
   bool bf16 = false;
+  // Query row s sits at key position s + queryOffset: it sees keys [documentStart[s], s +
+  // queryOffset], and k, v may hold another number of tokens than q. 0 with as many keys as
+  // queries: causal self-attention. A ring step runs one block of queries over another shard's
+  // keys with it (sp/ring_attention.cpp); a row that sees no key gets a zero output and a
+  // log-sum-exp of -inf, and documentStart[s] may then be s + queryOffset + 1.
+  int64_t queryOffset = 0;
 };
 
 // Whether this CPU runs the bf16 tile products: isaSupported(Isa::Avx512Bf16).
 bool fusedAttentionBf16Supported();
 
-// q [B, S, H, Dh], k and v [B, S, KV, Dh] (fp32, H a multiple of KV) -> [B, S, H, Dh]; the
+// q [B, S, H, Dh], k and v [B, Sk, KV, Dh] (fp32, H a multiple of KV; Sk = S unless
+// queryOffset says where the queries sit among the keys) -> [B, S, H, Dh]; the
 // same contract as model::causalAttention, differentiable in q, k and v. The document mask comes
 // from model::firstVisibleKey (the packing and sliding-window rules are the model's).
 at::Tensor fusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -61,7 +68,8 @@ FusedAttentionGrads fusedAttentionBackward(const at::Tensor& q, const at::Tensor
 // The options' round trip through an autograd Function's context, for a Function that runs the
 // kernels: its forward saves them (`start` empty when there is no mask, as the Function's
 // arguments carry it), its backward reads them back.
-void saveOptions(torch::autograd::AutogradContext* ctx, const at::Tensor& start, int64_t tile, Isa isa, bool bf16);
+void saveOptions(torch::autograd::AutogradContext* ctx, const at::Tensor& start, int64_t tile, Isa isa, bool bf16,
+                 int64_t queryOffset = 0);
 FusedAttentionOptions savedOptions(torch::autograd::AutogradContext* ctx);
 
 }  // namespace lt::kernels

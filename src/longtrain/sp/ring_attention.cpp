@@ -1,15 +1,18 @@
-// Ring attention: a blocked online softmax of the local query rows over the key blocks of
-// every ring rank's shard, the shards passed round the ring one step at a time (P2P), each step's
-// pass overlapped with the compute on the shard held, so a rank holds two K/V shards, never R.
-// Backward passes each shard's dK/dV partial sum round the ring one step behind its K/V, so
-// the sum reaches its owner with no all-gather or reduce-scatter, and the same bytes.
-// Non-obvious: query heads are grouped under their kv head ([B, KV, G*n, D] rows), so GQA
-// reads each kv head once and dK/dV sum over the group inside the GEMMs; and each tile is
-// classified from its index bounds as skipped (no key visible), full (every key visible: no
-// mask built) or masked, so causal tiles above the diagonal cost nothing.
+// Ring attention: the local queries attend to every ring rank's K/V shard, the shards passed
+// round the ring one step at a time (P2P), each step's pass overlapped with the compute on the
+// shard held, so a rank holds two K/V shards, never R. Backward passes each shard's dK/dV partial
+// sum round the ring one step behind its K/V, so the sum reaches its owner with no all-gather or
+// reduce-scatter, and the same bytes.
+// Non-obvious: the compute is the fused attention kernel (kernels/fused_attention.h) on blocks of
+// consecutive global positions. A rank's tokens are a few such runs (one shard; two chunks under
+// zigzag; U shards under Ulysses), so a (query run, key run) pair is either one run with itself
+// (causal), keys wholly earlier (every key visible to queryOffset), or keys wholly later
+// (skipped). Forward merges the pairs' outputs by their log-sum-exps; backward reruns each pair
+// with the merged output and log-sum-exp, which makes its dq, dk, dv exactly the pair's share.
 #include "longtrain/sp/ring_attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -20,6 +23,7 @@
 
 #include "longtrain/config/validate.h"
 #include "longtrain/core/check.h"
+#include "longtrain/kernels/fused_attention.h"
 #include "longtrain/model/footprint.h"
 #include "longtrain/sp/footprint.h"
 #include "longtrain/sp/ulysses.h"
@@ -31,114 +35,69 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// A running max that is never -inf, so a row with no visible key in a tile stays NaN-free.
-constexpr double kNoScore = -1e30;
-
 std::vector<int64_t> toVector(const at::Tensor& t) {
   auto c = t.contiguous();
   return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
 }
 
-// The query rows' global indices and document starts, and their bounds per row (over the batch).
-struct Rows {
-  at::Tensor index, start;  // [M], [B, M] (undefined: no documents)
-  std::vector<int64_t> idx, startMin, startMax;
-  Rows(const at::Tensor& index_, const at::Tensor& start_) : index(index_), idx(toVector(index_)) {
-    if (start_.numel() > 0) {
-      start = start_;
-      startMin = toVector(std::get<0>(start_.min(0)));
-      startMax = toVector(std::get<0>(start_.max(0)));
-    } else {
-      startMin.assign(idx.size(), 0);
-      startMax.assign(idx.size(), 0);
-    }
-  }
+// Local tokens [at, at + len) hold the consecutive global positions [first, first + len).
+struct Run {
+  int64_t at, len, first;
+  int64_t last() const { return first + len - 1; }
 };
 
-enum class Tile { Skip, Full, Masked };
-
-Tile classify(const Rows& rows, int64_t r0, int64_t r1, const std::vector<int64_t>& keys, int64_t c0, int64_t c1) {
-  int64_t rMin = rows.idx[r0], rMax = rMin, sMin = rows.startMin[r0], sMax = rows.startMax[r0];
-  for (int64_t r = r0; r < r1; ++r) {
-    rMin = std::min(rMin, rows.idx[r]), rMax = std::max(rMax, rows.idx[r]);
-    sMin = std::min(sMin, rows.startMin[r]), sMax = std::max(sMax, rows.startMax[r]);
+std::vector<Run> runsOf(const at::Tensor& index) {
+  const auto idx = toVector(index);
+  std::vector<Run> runs;
+  for (int64_t i = 0; i < static_cast<int64_t>(idx.size()); ++i) {
+    if (!runs.empty() && idx[i] == runs.back().last() + 1) ++runs.back().len;
+    else runs.push_back({i, 1, idx[i]});
   }
-  int64_t kMin = keys[c0], kMax = kMin;
-  for (int64_t c = c0; c < c1; ++c) kMin = std::min(kMin, keys[c]), kMax = std::max(kMax, keys[c]);
-  if (kMin > rMax || kMax < sMin) return Tile::Skip;
-  if (kMax <= rMin && kMin >= sMax) return Tile::Full;
-  return Tile::Masked;
+  return runs;
 }
 
-// Scaled scores of rows [r0, r1) against keys [c0, c1) of one source, masked unless Full. [B, KV, r, c]
-at::Tensor tileScores(const at::Tensor& q, const at::Tensor& k, const Rows& rows, const at::Tensor& keyIndex,
-                      int64_t r0, int64_t r1, int64_t c0, int64_t c1, Tile tile) {
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  auto s = at::matmul(q.slice(2, r0, r1), k.slice(2, c0, c1).transpose(-2, -1)) * scale;
-  if (tile == Tile::Full) return s;
-  auto cols = keyIndex.slice(0, c0, c1).view({1, -1});
-  auto hidden = cols > rows.index.slice(0, r0, r1).view({-1, 1});  // [r, c]: key after the query
-  if (rows.start.defined()) {  // or before the query's document start
-    auto before = cols.unsqueeze(0) < rows.start.slice(1, r0, r1).unsqueeze(-1);  // [B, r, c]
-    return s.masked_fill((hidden.unsqueeze(0) | before).unsqueeze(1), -std::numeric_limits<float>::infinity());
-  }
-  return s.masked_fill(hidden, -std::numeric_limits<float>::infinity());
-}
-
-// The online softmax's running state over all query rows: max, sum, weighted values.
-struct Softmax {
-  at::Tensor m, l, acc;  // [B, KV, M, 1], [B, KV, M, 1], [B, KV, M, D]
-  explicit Softmax(const at::Tensor& q)
-      : m(at::full({q.size(0), q.size(1), q.size(2), 1}, kNoScore, q.options())),
-        l(at::zeros({q.size(0), q.size(1), q.size(2), 1}, q.options())),
-        acc(at::zeros_like(q)) {}
+// The local query rows of one run, cut once per call: the kernel takes contiguous [B, len, ...]
+// tensors (a slice of a batch of 2 or more is not).
+struct QueryBlock {
+  Run run;
+  at::Tensor q, start;  // start: global first visible position [B, len] (undefined: none)
 };
 
-// Folds one source shard's keys k, v [B, KV, n, D] (global indices `keys`) into the state.
-void forwardSource(Softmax& st, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Rows& rows,
-                   const at::Tensor& keyIndex, int64_t chunk) {
-  const auto keys = toVector(keyIndex);
-  const int64_t M = q.size(2), n = k.size(2);
-  for (int64_t r0 = 0; r0 < M; r0 += chunk) {
-    const int64_t r1 = std::min(M, r0 + chunk);
-    auto m = st.m.slice(2, r0, r1), l = st.l.slice(2, r0, r1), acc = st.acc.slice(2, r0, r1);
-    for (int64_t c0 = 0; c0 < n; c0 += chunk) {
-      const int64_t c1 = std::min(n, c0 + chunk);
-      const Tile tile = classify(rows, r0, r1, keys, c0, c1);
-      if (tile == Tile::Skip) continue;
-      auto s = tileScores(q, k, rows, keyIndex, r0, r1, c0, c1, tile);
-      auto mNew = at::maximum(m, std::get<0>(s.max(-1, true)));
-      auto p = s.sub_(mNew).exp_();  // in place: the scores are not needed again
-      auto corr = (m - mNew).exp_();
-      l.mul_(corr).add_(p.sum(-1, true));
-      acc.mul_(corr).add_(at::matmul(p, v.slice(2, c0, c1)));
-      m.copy_(mNew);
-    }
+// The kernel's options for the queries of `qb` over the key run `k`; false when no query sees
+// any of its keys (all later, or all before every query's document).
+bool pairOptions(const QueryBlock& qb, const Run& k, int64_t tile, kernels::FusedAttentionOptions& o) {
+  if (k.first > qb.run.last()) return false;
+  o = {};
+  o.tile = tile;
+  o.queryOffset = qb.run.first - k.first;
+  if (qb.start.defined()) {
+    o.documentStart = (qb.start - k.first).clamp(0, k.len);  // k.len: this row sees none of these keys
+    if (o.documentStart.min().item<int64_t>() >= k.len) return false;
   }
+  return true;
 }
 
-// Adds one source's contribution to dq and writes its dk, dv [B, KV, n, D] (zeroed by the caller).
-void backwardSource(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dO,
-                    const at::Tensor& lse, const at::Tensor& delta, const Rows& rows, const at::Tensor& keyIndex,
-                    int64_t chunk, at::Tensor& dq, at::Tensor dk, at::Tensor dv) {
-  const auto keys = toVector(keyIndex);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  const int64_t M = q.size(2), n = k.size(2);
-  for (int64_t r0 = 0; r0 < M; r0 += chunk) {
-    const int64_t r1 = std::min(M, r0 + chunk);
-    auto dOi = dO.slice(2, r0, r1), qi = q.slice(2, r0, r1);
-    auto lsei = lse.slice(2, r0, r1), deltai = delta.slice(2, r0, r1);
-    for (int64_t c0 = 0; c0 < n; c0 += chunk) {
-      const int64_t c1 = std::min(n, c0 + chunk);
-      const Tile tile = classify(rows, r0, r1, keys, c0, c1);
-      if (tile == Tile::Skip) continue;
-      auto p = tileScores(q, k, rows, keyIndex, r0, r1, c0, c1, tile).sub_(lsei).exp_();  // [B, KV, r, c]
-      dv.slice(2, c0, c1).add_(at::matmul(p.transpose(-2, -1), dOi));
-      auto ds = at::matmul(dOi, v.slice(2, c0, c1).transpose(-2, -1)).sub_(deltai).mul_(p).mul_(scale);
-      dq.slice(2, r0, r1).add_(at::matmul(ds, k.slice(2, c0, c1)));
-      dk.slice(2, c0, c1).add_(at::matmul(ds.transpose(-2, -1), qi));
+// Folds one pair's output and log-sum-exp (rows [0, len) of `part`) into the running ones at
+// rows [at, at + len): out [B, n, H, D], lse [B, H, n]. A row with no key yet has lse -inf.
+void mergeInto(at::Tensor& out, at::Tensor& lse, const kernels::FusedAttentionResult& part, int64_t at) {
+  const int64_t B = out.size(0), n = out.size(1), H = out.size(2), D = out.size(3), len = part.out.size(1);
+  float *o = out.data_ptr<float>(), *l = lse.data_ptr<float>();
+  const float *po = part.out.data_ptr<float>(), *pl = part.lse.data_ptr<float>();
+  at::parallel_for(0, B * H, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t bh = b0; bh < b1; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      for (int64_t i = 0; i < len; ++i) {
+        const float c = pl[bh * len + i];
+        float& a = l[bh * n + at + i];
+        if (c == -std::numeric_limits<float>::infinity()) continue;
+        float* row = o + ((b * n + at + i) * H + h) * D;
+        const float* add = po + ((b * len + i) * H + h) * D;
+        const float m = std::max(a, c), wa = std::exp(a - m), wc = std::exp(c - m), inv = 1.0f / (wa + wc);
+        for (int64_t d = 0; d < D; ++d) row[d] = (row[d] * wa + add[d] * wc) * inv;
+        a = m + std::log(wa + wc);
+      }
     }
-  }
+  });
 }
 
 comm::Comm* commFrom(int64_t ptr) { return reinterpret_cast<comm::Comm*>(static_cast<intptr_t>(ptr)); }
@@ -165,40 +124,58 @@ comm::Work passOn(comm::Comm* ring, const at::Tensor& held, at::Tensor& arriving
   return ring->sendRecv(held, (me + R - 1) % R, arriving, (me + 1) % R);
 }
 
+std::vector<QueryBlock> queryBlocks(const at::Tensor& q, const at::Tensor& queryIndex, const at::Tensor& start) {
+  std::vector<QueryBlock> blocks;
+  for (const Run& r : runsOf(queryIndex)) {
+    QueryBlock b{r, q.slice(1, r.at, r.at + r.len).contiguous(), at::Tensor()};
+    if (start.numel() > 0) b.start = start.slice(1, r.at, r.at + r.len).contiguous();
+    blocks.push_back(std::move(b));
+  }
+  return blocks;
+}
+
+// The key runs of ring rank `src`'s shard (positions keyIndex[src n, (src + 1) n)).
+std::vector<Run> keyRuns(const at::Tensor& keyIndex, int src, int64_t n) {
+  return runsOf(keyIndex.slice(0, src * n, (src + 1) * n));
+}
+
 struct RingFn : torch::autograd::Function<RingFn> {
-  // q [B, KV, M, D] (query heads grouped under their kv head), k and v [B, KV, n, D];
-  // rowIndex [M], rowStart [B, M] (empty: no documents), keyIndex [R n].
+  // q [B, n, H, D], k and v [B, n, KV, D]; queryIndex [n], start [B, n] (global first visible
+  // position; empty: no documents), keyIndex [R n].
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& rowIndex, const at::Tensor& rowStart, const at::Tensor& keyIndex,
-                            int64_t ringPtr, int64_t chunk, int64_t timerPtr) {
+                            const at::Tensor& queryIndex, const at::Tensor& start, const at::Tensor& keyIndex,
+                            int64_t ringPtr, int64_t tile, int64_t timerPtr) {
     at::NoGradGuard ng;
     ComputeTimer timer(timerPtr);
     comm::Comm* ring = commFrom(ringPtr);
     const int R = ring ? ring->size() : 1, me = ring ? ring->rank() : 0;
-    const int64_t n = k.size(2);
-    const Rows rows(rowIndex, rowStart);
-    Softmax st(q);
-    at::Tensor held = R > 1 ? at::stack({k, v}) : at::Tensor(), arriving;  // [2, B, KV, n, D]
+    const int64_t n = k.size(1);
+    const auto blocks = queryBlocks(q, queryIndex, start);
+    auto out = at::zeros_like(q);
+    auto lse = at::full({q.size(0), q.size(2), n}, -std::numeric_limits<float>::infinity(), q.options());
+    at::Tensor held = at::stack({k, v}), arriving;  // [2, B, n, KV, D]
     for (int t = 0; t < R; ++t) {
       const int src = (me + t) % R;
       comm::Work inFlight = t + 1 < R ? passOn(ring, held, arriving) : comm::Work();
       timer.start();
-      forwardSource(st, q, R > 1 ? held[0] : k, R > 1 ? held[1] : v, rows, keyIndex.slice(0, src * n, (src + 1) * n),
-                    chunk);
+      for (const Run& kr : keyRuns(keyIndex, src, n)) {
+        const auto kk = held[0].slice(1, kr.at, kr.at + kr.len), vv = held[1].slice(1, kr.at, kr.at + kr.len);
+        for (const auto& qb : blocks) {
+          kernels::FusedAttentionOptions o;
+          if (!pairOptions(qb, kr, tile, o)) continue;
+          mergeInto(out, lse, kernels::fusedAttentionForward(qb.q, kk, vv, o), qb.run.at);
+        }
+      }
       timer.stop();
       inFlight.wait();
       if (t + 1 < R) held = arriving;
     }
-    timer.start();
-    auto out = st.acc / st.l;
-    auto lse = st.m + at::log(st.l);
-    timer.stop();
     ctx->save_for_backward({q, k, v, out, lse});
-    ctx->saved_data["rowIndex"] = rowIndex;
-    ctx->saved_data["rowStart"] = rowStart;
+    ctx->saved_data["queryIndex"] = queryIndex;
+    ctx->saved_data["start"] = start;
     ctx->saved_data["keyIndex"] = keyIndex;
     ctx->saved_data["ring"] = ringPtr;
-    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["tile"] = tile;
     ctx->saved_data["timer"] = timerPtr;
     return out;
   }
@@ -208,26 +185,43 @@ struct RingFn : torch::autograd::Function<RingFn> {
     auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     comm::Comm* ring = commFrom(ctx->saved_data["ring"].toInt());
-    const int64_t chunk = ctx->saved_data["chunk"].toInt(), n = k.size(2);
+    const int64_t tile = ctx->saved_data["tile"].toInt(), n = k.size(1);
     const auto keyIndex = ctx->saved_data["keyIndex"].toTensor();
     const int R = ring ? ring->size() : 1, me = ring ? ring->rank() : 0;
-    const Rows rows(ctx->saved_data["rowIndex"].toTensor(), ctx->saved_data["rowStart"].toTensor());
+    const auto blocks = queryBlocks(q, ctx->saved_data["queryIndex"].toTensor(), ctx->saved_data["start"].toTensor());
     auto dO = grads[0].contiguous();
-    auto delta = (dO * out).sum(-1, true);  // [B, KV, M, 1]
+    // Each block's merged output, log-sum-exp and output gradient: what every pair's backward reads.
+    std::vector<kernels::FusedAttentionResult> merged;
+    std::vector<at::Tensor> dOut;
+    for (const auto& qb : blocks) {
+      const int64_t a = qb.run.at, b = a + qb.run.len;
+      merged.push_back({out.slice(1, a, b).contiguous(), lse.slice(2, a, b).contiguous()});
+      dOut.push_back(dO.slice(1, a, b).contiguous());
+    }
     auto dq = at::zeros_like(q);
     ComputeTimer timer(ctx->saved_data["timer"].toInt());
     // K/V go round again (forward kept only the local shard). Each other shard's dK/dV partial
     // sum follows one step behind its K/V, gaining each rank's contribution, and ends at its
     // owner, which adds its own contribution (computed first, while the first K/V step flies).
-    at::Tensor held = at::stack({k, v}), arriving, own, partial;  // [2, B, KV, n, D] each
+    at::Tensor held = at::stack({k, v}), arriving, own, partial;  // [2, B, n, KV, D] each
     comm::Work kvInFlight, partialInFlight;
     for (int t = 0; t < R; ++t) {
       const int src = (me + t) % R;
       if (t + 1 < R) kvInFlight = passOn(ring, held, arriving);
       auto dkv = at::zeros_like(held);
       timer.start();
-      backwardSource(q, held[0], held[1], dO, lse, delta, rows, keyIndex.slice(0, src * n, (src + 1) * n), chunk, dq,
-                     dkv[0], dkv[1]);
+      for (const Run& kr : keyRuns(keyIndex, src, n)) {
+        const int64_t a = kr.at, b = kr.at + kr.len;
+        const auto kk = held[0].slice(1, a, b), vv = held[1].slice(1, a, b);
+        for (size_t i = 0; i < blocks.size(); ++i) {
+          kernels::FusedAttentionOptions o;
+          if (!pairOptions(blocks[i], kr, tile, o)) continue;
+          auto g = kernels::fusedAttentionBackward(blocks[i].q, kk, vv, merged[i], dOut[i], o);
+          dq.slice(1, blocks[i].run.at, blocks[i].run.at + blocks[i].run.len).add_(g.dq);
+          dkv[0].slice(1, a, b).add_(g.dk);
+          dkv[1].slice(1, a, b).add_(g.dv);
+        }
+      }
       timer.stop();
       if (t == 0) {
         own = dkv;
@@ -258,18 +252,13 @@ at::Tensor gatherSequence(const at::Tensor& pos, comm::Comm* ulysses) {
 }  // namespace
 
 at::Tensor ringAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingInputs& in) {
-  const int64_t B = q.size(0), n = q.size(1), H = q.size(2), D = q.size(3), KV = k.size(2), G = H / KV;
-  LT_ASSERT(H % KV == 0 && k.size(1) == n && in.queryIndex.numel() == n && in.chunk >= 1);
+  const int64_t n = q.size(1);
+  LT_ASSERT(q.size(2) % k.size(2) == 0 && k.size(1) == n && in.queryIndex.numel() == n && in.chunk >= 0);
   LT_ASSERT(in.keyIndex.numel() == n * (in.ring ? in.ring->size() : 1));
-  auto qg = q.permute({0, 2, 1, 3}).reshape({B, KV, G * n, D});  // head h = kv * G + g
-  auto kk = k.permute({0, 2, 1, 3}).contiguous(), vv = v.permute({0, 2, 1, 3}).contiguous();  // [B, KV, n, D]
-  auto rowIndex = in.queryIndex.to(at::kLong).repeat({G});
-  auto rowStart = in.documentStart.defined() ? in.documentStart.to(at::kLong).repeat({1, G}).contiguous()
-                                             : at::empty({0}, at::kLong);
-  auto o = RingFn::apply(qg.contiguous(), kk, vv, rowIndex, rowStart, in.keyIndex.to(at::kLong).contiguous(),
-                         static_cast<int64_t>(reinterpret_cast<intptr_t>(in.ring)), in.chunk,
-                         static_cast<int64_t>(reinterpret_cast<intptr_t>(in.computeSeconds)));
-  return o.view({B, H, n, D}).permute({0, 2, 1, 3});  // [B, n, H, D]
+  auto start = in.documentStart.defined() ? in.documentStart.to(at::kLong).contiguous() : at::empty({0}, at::kLong);
+  return RingFn::apply(q.contiguous(), k.contiguous(), v.contiguous(), in.queryIndex.to(at::kLong).contiguous(), start,
+                       in.keyIndex.to(at::kLong).contiguous(), static_cast<int64_t>(reinterpret_cast<intptr_t>(in.ring)),
+                       in.chunk, static_cast<int64_t>(reinterpret_cast<intptr_t>(in.computeSeconds)));
 }
 
 model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses, std::shared_ptr<comm::Comm> ring,
@@ -313,7 +302,7 @@ model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses
       in.documentStart = pos.defined() ? at::maximum(in.documentStart, inWindow) : inWindow.expand({q.size(0), -1});
     }
     in.ring = ring.get();
-    in.chunk = chunk > 0 ? chunk : 256;
+    in.chunk = chunk;
     in.computeSeconds = computeSeconds;
     auto o = ringAttention(qq, kk, vv, in);  // [B, U n, H/U, Dh]
     return ulysses ? headsToSeq(o.contiguous(), ulysses.get()) : o;
@@ -321,12 +310,12 @@ model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses
 }
 
 // Per rank RingFn holds U s query tokens of H/U heads (uQ = [B, S/P, H x Dh] bytes) and U s
-// tokens of max(KV/U, 1) kv heads (kv). It saves q grouped under its kv head and its output,
-// the local k and v, and the log-sum-exp. Backward holds, whatever R is, the K/V shard it
-// works on and the one arriving, and of dK/dV-sized buffers its own contribution, the one it
-// computes, the one it sends and the partial sum arriving (R = 2: no send overlaps an
-// arrival), 2 kv each; dO and dq; and per tile the scores, p, dp, ds and a mask
-// ([B, max(KV/U, 1), c, c]).
+// tokens of max(KV/U, 1) kv heads (kv). It saves q, its output, the local k and v, and the
+// log-sum-exp. Backward holds, whatever R is, the K/V shard it works on and the one arriving,
+// and of dK/dV-sized buffers its own contribution, the one it computes, the one it sends and the
+// partial sum arriving (R = 2: no send overlaps an arrival), 2 kv each; dO and dq; and for one
+// (query run, key run) pair at a time the fused kernel's dq, dk, dv and K/V transposes (counted
+// at a whole shard). With B > 1 a run's rows are not contiguous, so q, out and dO are copied.
 Footprint ringAttentionFootprint(const StepShape& s) {
   const double uQ = s.rows(s.heads * s.headDim), kvHeads = std::max(s.kvHeads / s.ulysses, 1.0);
   const double kv = s.batch * s.ulysses * s.tokens * kvHeads * s.headDim * 4;
@@ -336,7 +325,9 @@ Footprint ringAttentionFootprint(const StepShape& s) {
   f.saved.add(1, s.batch * s.heads * s.tokens * 4);
   f.work.add(s.ring > 2 ? 12 : 8, kv);
   f.work.add(2, uQ);
-  f.work.add(5, s.batch * kvHeads * s.attentionTile * s.attentionTile * 4);
+  f.work.add(4, kv);  // one pair's dk, dv, kt, vt
+  f.work.add(1, uQ);  // and its dq
+  if (s.batch > 1) f.work.add(3, uQ);
   return f;
 }
 

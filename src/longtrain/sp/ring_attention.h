@@ -1,15 +1,11 @@
 // Ring attention and the Ulysses x ring hybrid (sequence parallelism beyond the head count).
-// Each rank keeps its query shard; the key/value shards of the R ranks of its ring group all
-// come to it, and the partial attentions over each source shard are merged by log-sum-exp
-// (an online softmax over sources and key blocks); backward sends each source's dK/dV back to
-// its owner, summed over the ring (a reduce-scatter). Autograd flows through it like through
-// the Ulysses all-to-alls.
-// Non-obvious decision: the K/V shards travel in one asynchronous all-gather over the ring
-// group, not R-1 dependent send/recv steps: c10d's Gloo all-gather is itself a ring, the bytes
-// per rank are the same ((R-1)/R of the group's K/V), and one collective pays Gloo's per-call
-// latency once. The local tile is computed while the gather is in flight. The gathered K/V
-// is transient: forward saves only the local shards and backward gathers them again, so the
-// saved activations stay O(S / P).
+// Each rank keeps its query shard; the key/value shards of the R ranks of its ring group pass it
+// one point-to-point step at a time, and the partial attentions over each shard are merged by
+// log-sum-exp; backward sends each shard's dK/dV partial sum round the ring behind its K/V, so
+// it ends at its owner. Autograd flows through it like through the Ulysses all-to-alls.
+// Non-obvious decision: the K/V shards travel as R-1 dependent send/recv steps, each overlapped
+// with the fused kernel's work on the shard held, not as one all-gather: a rank holds two shards
+// whatever R is, and the saved activations stay O(S / P) (backward passes K/V round again).
 // Masks are by global token index (a key is seen iff documentStart <= key <= query), so any
 // placement of tokens (zigzag, padding), packed documents and a sliding window (a later
 // documentStart: query - W + 1) are exact.
@@ -28,7 +24,7 @@ struct RingInputs {
   at::Tensor keyIndex;       // [R * n] int64: global position of ring rank t's tokens at [t n, (t+1) n)
   at::Tensor documentStart;  // [B, n] int64: first global position each query may see; undefined: 0
   comm::Comm* ring = nullptr;  // the ring group (R ranks); null: R = 1 (masked local attention)
-  int64_t chunk = 256;         // query and key block edge
+  int64_t chunk = 0;           // the fused kernel's tile edge (0: its default)
   // If set, the seconds spent on tiles (forward and backward, not waiting for the ring) are
   // added to it: benches measure the per-rank work (zigzag's balance) with it.
   double* computeSeconds = nullptr;
@@ -43,8 +39,8 @@ at::Tensor ringAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 // (U ranks; null when U = 1), ring attention over the `ring` group (R ranks; null when R = 1).
 // With layout.ulyssesOnly() it is ulyssesAttention(ulysses, core, pipeline); other layouts
 // leave `pipeline` unused (the ring kernel is the core).
-// `spRank` is this rank's rank in the SP group; `chunk` the ring kernel's block edge (0: 256);
-// `window` the sliding window (0: none; Ulysses-only layouts leave it to `core`).
+// `spRank` is this rank's rank in the SP group; `chunk` the ring kernel's tile edge (0: the fused
+// kernel's default); `window` the sliding window (0: none; Ulysses-only layouts leave it to `core`).
 model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses, std::shared_ptr<comm::Comm> ring,
                                              const ParallelLayout& layout, int spRank, model::AttentionFn core,
                                              int64_t chunk = 0, double* computeSeconds = nullptr,
