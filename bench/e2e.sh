@@ -8,7 +8,7 @@
 # Usage: [SHAPES="quickstart medium long long16k wide"] [STEPS=N] [WARMUP=N] [BUDGET_S=60] [BF16_MAX_STEP_S=10]
 #        [LONGTRAIN_BIN=build/longtrain] [PEER113="default tuned"] [PEER26="sdpa_gqa sdpa sdpa_spin compile compile_spin sdpa_bf16 compile_bf16"]
 #        bash bench/e2e.sh (root). Variants: sdpa_gqa (enable_gqa), sdpa (K/V repeated: the flash kernel), compile
-#        (torch.compile), *_spin (GOMP_SPINCOUNT=1000, as longtrain train sets), *_bf16 (bf16 autocast).
+#        (torch.compile), *_spin (GOMP_SPINCOUNT=10000, as longtrain train sets), *_bf16 (bf16 autocast).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${LONGTRAIN_BIN:-./build/longtrain}
@@ -150,7 +150,7 @@ print(f($(arg hidden "$line"), $(arg layers "$line"), $H, $(arg kv-heads "$line"
       flags+=(--bf16)
     fi
     envs=()
-    [[ $v == *_spin ]] && envs=(GOMP_SPINCOUNT=1000)  # what longtrain train sets for itself (docs/cli.md)
+    [[ $v == *_spin ]] && envs=(GOMP_SPINCOUNT=10000)  # what longtrain train sets for itself (docs/cli.md)
     torch_run "$out" 2.6 "${envs[@]}" -- "${args[@]}" "${flags[@]}"
   done
   echo "$s done at $((SECONDS - T0)) s"

@@ -73,11 +73,11 @@ TEST(OmpSpin, TrainRunsWithAShortSpinUnlessTheUserSetsOne) {
                           "/bench/e2e_quickstart.json --set train.steps=1";
   auto r = lt::testing::runCommand("env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY OMP_DISPLAY_ENV=verbose " + run);
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("GOMP_SPINCOUNT = '1000'"), std::string::npos) << r.out;  // the re-executed image
+  EXPECT_NE(r.out.find("GOMP_SPINCOUNT = '10000'"), std::string::npos) << r.out;  // the re-executed image
   r = lt::testing::runCommand("env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=5000 OMP_DISPLAY_ENV=verbose " + run);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("GOMP_SPINCOUNT = '5000'"), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find("GOMP_SPINCOUNT = '1000'"), std::string::npos) << r.out;  // the user's value kept
+  EXPECT_EQ(r.out.find("GOMP_SPINCOUNT = '10000'"), std::string::npos) << r.out;  // the user's value kept
 }
 
 TEST(Mfu, FlopsPerTokenClosedForm) {

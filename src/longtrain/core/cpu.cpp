@@ -18,7 +18,10 @@ namespace lt {
 namespace {
 
 constexpr const char* kReexecMarker = "LONGTRAIN_BLAS_REEXEC_FROM";  // value: the kernel before, or ""
-constexpr const char* kShortOmpSpinCount = "1000";  // libgomp's own count when threads outnumber cores
+// 10000: on a quiet Intel Xeon (model 167) the quick start ran 19% faster than with 1000 (the
+// idle thread still spinning when the next region starts), and under 6 busy loops on 2 cores
+// as fast; 20000-30000 lost 20-30% there (performance.md, "Small shapes and OpenMP threads").
+constexpr const char* kShortOmpSpinCount = "10000";
 
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

@@ -44,11 +44,11 @@ struct BlasKernelReport {
 // program (execv of /proc/self/exe with the same arguments, once: a marker variable stops a
 // loop), what libraries read only in their constructors, before main:
 //  - OPENBLAS_CORETYPE, when OpenBLAS runs a kernel below the CPU's ISA and the user set none;
-//  - GOMP_SPINCOUNT=1000 when `shortOmpSpin` (training) and the user set neither it nor
+//  - GOMP_SPINCOUNT=10000 when `shortOmpSpin` (training) and the user set neither it nor
 //    OMP_WAIT_POLICY: libgomp's default has an idle thread spin ~300k pauses (~7 ms on Zen 2)
 //    after each parallel region, which on a shared machine takes the cores from the working
 //    threads (the quick start's ~100 regions a step: 2-3k tokens/s against 30-41k with 1000,
-//    AMD EPYC Zen 2 at load 8-9); 1000 still catches back-to-back regions.
+//    AMD EPYC Zen 2 at load 8-9); 10000 still catches a step's back-to-back regions.
 // Returns only when no re-exec was needed or possible. Children (ranks) inherit the variables,
 // so they start right without re-executing.
 void ensureStartEnvironment(char** argv, bool shortOmpSpin);
