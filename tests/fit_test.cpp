@@ -102,6 +102,32 @@ TEST(TimeModel, AttentionScalesByCausalPairsAndRingBalance) {
   EXPECT_NEAR(lt::plan::predictStepTime(con, 4, 4, closedFormRates()).attention, z * (2 - 0.25), Tol::kDoubleArithmetic * expected);
 }
 
+// With a block rate (one block timed on the model's code), what a block costs beyond its GEMMs
+// and attention is priced per token from it: a block that takes c more seconds a token forward
+// (and 2c backward) adds c x tokens x (blocks + recomputed blocks) + 2c x tokens x blocks. The
+// pieces' op count is then not charged.
+TEST(TimeModel, ABlockTimedOnTheModelPricesItsRestPerToken) {
+  constexpr double c = 1e-4;  // far above the closed-form GEMMs and attention a token
+  auto withBlock = [](double k) {
+    Rates r = closedFormRates();
+    r.block = [k](const lt::config::ModelConfig&, int64_t B, int64_t S) {
+      return std::make_pair(k * c * B * S, 2 * k * c * B * S);
+    };
+    return r;
+  };
+  const auto cfg = parse(fitConfig(), 1);
+  const double tokens = static_cast<double>(cfg.microBatch * cfg.data.seqLen), L = cfg.model.layers;
+  for (int graphBlocks : {4, 1}) {
+    const auto once = lt::plan::predictStepTime(cfg, 1, graphBlocks, withBlock(1));
+    const auto twice = lt::plan::predictStepTime(cfg, 1, graphBlocks, withBlock(2));
+    const double expected = tokens * c * ((L + (L - graphBlocks)) + 2 * L);
+    EXPECT_NEAR(twice.pointwise - once.pointwise, expected, 1e-9 * expected) << graphBlocks << " blocks kept";
+    EXPECT_EQ(twice.gemm, once.gemm);
+    EXPECT_EQ(twice.attention, once.attention);
+    EXPECT_LT(once.overhead, lt::plan::predictStepTime(cfg, 1, graphBlocks, closedFormRates()).overhead);
+  }
+}
+
 // Under a budget freed pages go back to the system, and a step re-faults what it writes: half the
 // bytes its pointwise passes and loss stream (at the closed-form 10 GB/s, pointwise seconds / 1e-10).
 TEST(TimeModel, DecommitRefaultsWhatAStepWrites) {

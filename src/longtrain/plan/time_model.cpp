@@ -119,6 +119,26 @@ std::pair<double, double> blockAttention(const Shape& s, const Rates& r) {
           scale * imbalance * r.attentionBackward(B0, S0, h, hk, d)};
 }
 
+// A block's work outside its GEMMs and attention, per token, {forward, backward} seconds: one
+// block timed on the model's code (Rates::block) less those two as priced at its shape. Timed on
+// the rank's tokens, at most what ~32 MiB of activations hold (~4 bytes x (10 D + 3 qkv + 6 F)
+// a token), so `train --fit` measures within its budget; {-1, -1} without a block rate.
+std::pair<double, double> blockRestPerToken(const config::Config& c, const Shape& s, const Rates& r) {
+  if (!r.block) return {-1, -1};
+  const double perToken = 4 * (10 * s.hidden + 3 * (s.heads + 2 * s.kvHeads) * s.headDim + 6 * s.intermediate);
+  const double cap = std::clamp(std::floor((32 << 20) / perToken), 128.0, 4096.0);
+  Shape m = s;
+  m.tokens = std::min(s.tokens, cap);
+  m.batch = std::min(s.batch, std::max(1.0, std::floor(cap / m.tokens)));
+  m.T = m.batch * m.tokens;
+  const int64_t B0 = rows(m.batch), S0 = rows(m.tokens);
+  const auto [blockF, blockB] = r.block(c.model, B0, S0);
+  const auto [linF, linB] = blockLinears(c, m, r);
+  const int64_t h = rows(s.heads), hk = rows(s.kvHeads), d = rows(s.headDim);
+  const double attF = r.attentionForward(B0, S0, h, hk, d), attB = r.attentionBackward(B0, S0, h, hk, d);
+  return {std::max(0.0, blockF - linF - attF) / m.T, std::max(0.0, blockB - linB - attB) / m.T};
+}
+
 // Bytes a block's pointwise passes stream per token, forward (backward streams about twice it):
 // two norms, the q/k/v split and RoPE, the attention's layout copies, SwiGLU, two residuals.
 double pointwiseBytesPerToken(const Shape& s) {
@@ -194,11 +214,17 @@ StepTime predictStepTime(const config::Config& c, const Placement& at, int graph
                  "\" is priced as the fused kernel (only the fused kernel is measured)";
   const auto [linF, linB] = blockLinears(c, s, r);
   const auto [attF, attB] = blockAttention(s, r);
-  double ops = (s.L + recomputed) * kOpsForwardPerBlock + s.L * kOpsBackwardPerBlock;
   t.gemm = s.L * (linF + linB) + recomputed * linF;  // per micro-step until multiplied by accum
   t.attention = s.L * (attF + attB) + recomputed * attF;
   const double pw = pointwiseBytesPerToken(s) * s.T * (3 * s.L + recomputed);
-  t.pointwise = pw * r.streamSecondsPerByte(s.T * s.hidden * kF);
+  const auto [restF, restB] = blockRestPerToken(c, s, r);
+  double ops = 0;
+  if (restF >= 0) {  // the rest of a block as timed on the model's code
+    t.pointwise = s.T * ((s.L + recomputed) * restF + s.L * restB);
+  } else {  // from its pieces: the passes' bytes and a count of ops
+    ops = (s.L + recomputed) * kOpsForwardPerBlock + s.L * kOpsBackwardPerBlock;
+    t.pointwise = pw * r.streamSecondsPerByte(s.T * s.hidden * kF);
+  }
   const LossTime loss = lossTime(s, r, &ops);
   t.gemm += loss.gemm;
   t.pointwise += loss.pointwise;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "longtrain/config/config.h"
@@ -28,6 +29,12 @@ struct Rates {
   std::function<double(double tensorBytes)> streamSecondsPerByte;
   // One small ATen op: dispatch, allocation, and waking the intra-op threads.
   double opSeconds = 0;
+  // One decoder block of `m` over B sequences of S tokens with the model's own code and its
+  // attention core: {forward, backward} seconds. What the pieces above leave out (ATen's
+  // element-wise ops and layout copies, dispatch, thread wake-ups, operands not in cache) is in
+  // it, so the model prices a block's work outside its GEMMs and attention from it, per token.
+  // Null: priced from the pieces (tests' closed forms). The caller keeps B x S small.
+  std::function<std::pair<double, double>(const config::ModelConfig& m, int64_t B, int64_t S)> block;
   // Adam on fp32 parameters: seconds per element (the vectorized CPU Adam).
   double adamSecondsPerElement = 0;
   // A collective's bytes between this host's ranks: seconds per byte each rank sends.
@@ -45,8 +52,10 @@ struct Rates {
 struct StepTime {
   double gemm = 0;        // the model's linear layers, recompute's forwards included
   double attention = 0;   // the fused attention core
-  double pointwise = 0;   // norms, RoPE, SwiGLU, residuals, layout copies, the loss's softmax
-  double overhead = 0;    // per-op dispatch and thread wake-ups
+  // Norms, RoPE, SwiGLU, residuals, layout copies and the loss's softmax; with a block rate, all
+  // of a block's time outside its GEMMs and attention (its ops' dispatch and wake-ups too).
+  double pointwise = 0;
+  double overhead = 0;    // per-op dispatch and thread wake-ups not in a timed block
   double optimizer = 0;   // Adam over the rank's parameters (its partition under ZeRO)
   double comm = 0;        // collectives not hidden behind compute
   double commHidden = 0;  // collectives the compute hides (not in total(): ranks ties)

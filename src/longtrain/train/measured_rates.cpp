@@ -28,6 +28,7 @@
 
 #include "longtrain/kernels/cpu_adam.h"
 #include "longtrain/kernels/fused_attention.h"
+#include "longtrain/model/model.h"
 
 namespace lt::train {
 
@@ -107,6 +108,40 @@ AttentionTimes timeAttention(int64_t B, int64_t S, int64_t heads, int64_t kvHead
   });
   t.backward = std::max(0.0, both - t.forward);
   return t;
+}
+
+// One decoder block of `m` over [B, S] tokens with its GEMMs on `route`, the model's code and
+// attention core: forward (recording the graph, as training does) and backward (into the input
+// and every weight). A one-block model with an 8-token vocabulary: only the block is run.
+AttentionTimes timeBlock(config::ModelConfig m, int64_t B, int64_t S, kernels::GemmRoute route) {
+  m.layers = 1, m.vocabSize = 8, m.initFrom.clear();
+  m.resolved.bf16Gemms = route == kernels::GemmRoute::Bf16;
+  m.resolved.oneDnnGemm = route == kernels::GemmRoute::OneDnn;
+  model::Model model(m, 1);
+  const auto core = model::attentionCore(m);
+  auto x = at::randn({B, S, m.hidden}).set_requires_grad(true), g = at::randn({B, S, m.hidden});
+  auto pos = at::arange(S, at::kLong).unsqueeze(0).repeat({B, 1});
+  auto params = model.group(0);
+  AttentionTimes t;
+  t.forward = medianSeconds([&] { (void)model.block(0, x, pos, core); });
+  const double both = medianSeconds([&] {
+    model.block(0, x, pos, core).backward(g);
+    x.mutable_grad().reset();
+    for (auto& p : params) p.tensor.mutable_grad().reset();
+  });
+  t.backward = std::max(0.0, both - t.forward);
+  return t;
+}
+
+// The block's inputs of `m` that change its time, with the measured B and S: a cache key.
+std::string blockKey(const config::ModelConfig& m, int64_t B, int64_t S) {
+  const int64_t fields[] = {m.hidden, m.heads, m.kvHeads, m.headDim(), m.intermediate, m.fusedKernels, m.tiledMlp,
+                            static_cast<int64_t>(m.attention), m.attentionChunk, m.slidingWindow, m.attentionBias,
+                            m.qkNorm, static_cast<int64_t>(m.modelType), m.resolved.bf16Attention,
+                            m.resolved.packedDocuments, B, S};
+  std::string key;
+  for (int64_t f : fields) key += std::to_string(f) + ",";
+  return key;
 }
 
 // Seconds per byte of x.mul_(c) over a tensor of `bytes` (each element read and written), at
@@ -239,6 +274,7 @@ struct Cache {
   std::map<std::tuple<int64_t, int64_t, int64_t>, LinearTimes> linear;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, AttentionTimes> attention;
   std::map<int, double> stream;  // by log2 of the tensor's bytes
+  std::map<std::string, AttentionTimes> block;
   const LinearTimes& linearAt(int64_t M, int64_t N, int64_t K) {
     auto key = std::make_tuple(M, N, K);
     auto it = linear.find(key);
@@ -254,6 +290,15 @@ struct Cache {
     if (it == attention.end()) {
       ThreadsFor t(threads);
       it = attention.emplace(key, timeAttention(B, S, h, hk, d)).first;
+    }
+    return it->second;
+  }
+  const AttentionTimes& blockAt(const config::ModelConfig& m, int64_t B, int64_t S) {
+    const auto key = blockKey(m, B, S);
+    auto it = block.find(key);
+    if (it == block.end()) {
+      ThreadsFor t(threads);
+      it = block.emplace(key, timeBlock(m, B, S, route)).first;
     }
     return it->second;
   }
@@ -291,6 +336,10 @@ plan::Rates measuredRates(kernels::GemmRoute route, int threads, bool interRank,
     return cache->attentionAt(B, S, h, hk, d).backward;
   };
   r.streamSecondsPerByte = [cache](double bytes) { return cache->streamAt(bytes); };
+  r.block = [cache](const config::ModelConfig& m, int64_t B, int64_t S) {
+    const auto& t = cache->blockAt(m, B, S);
+    return std::make_pair(t.forward, t.backward);
+  };
   r.opSeconds = timeSmallOp();
   r.adamSecondsPerElement = timeAdamPerElement();
   r.refaultSecondsPerByte = timeRefaultPerByte();
