@@ -1,8 +1,8 @@
 // bench/allreduce_env: Comm::allReduce between processes started with torchrun's environment
 // (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; Gloo binds by comm/binding.h's rules), 1 MiB to
 // 256 MiB, as nccl-tests reports it: busbw = bytes / time x 2(P-1)/P, for one Gloo all-reduce
-// (busbw_1, Options::allReducePieces = 1) and for Comm as training uses it (busbw_n: 2-rank sums
-// from 4 MiB in concurrent pieces). Checks the sums. With 2 ranks it also times, at each size
+// (busbw_1, Options::allReducePieces = 1, no exchange) and for Comm as training uses it (busbw_n:
+// 2-rank sums below 4 MiB as one exchange, from 4 MiB in concurrent pieces). Checks the sums. With 2 ranks it also times, at each size
 // and in the same processes, a raw TCP stream between them (rank 0 listens at MASTER_ADDR): one
 // way (rank 1 sends the bytes), and both ways at once (each rank sends the bytes and receives
 // the other's, as a 2-rank all-reduce does: its busbw is the bytes that cross the link each way
@@ -224,6 +224,7 @@ int main() {
   lt::comm::Comm c(rv.store, rv.rank, rv.size, o, "bench");  // as training has it
   lt::comm::Options o1 = o;
   o1.allReducePieces = 1;
+  o1.allReduceExchange = false;
   lt::comm::Comm c1(rv.store, rv.rank, rv.size, o1, "bench1");  // one Gloo all-reduce, as before
   const int P = rv.size;
   std::vector<int64_t> sizes;

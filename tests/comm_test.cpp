@@ -114,10 +114,11 @@ at::Tensor spread(int64_t n, int r) {
 // Bits equal, -0 apart from +0 (at::equal compares values).
 bool sameBits(const at::Tensor& a, const at::Tensor& b) { return at::equal(a.view(at::kInt), b.view(at::kInt)); }
 
-// Options::allReducePieces: a 2-rank sum split into concurrent pieces gives the bits of one
-// Gloo all-reduce, which are a + b element by element, on both ranks; anything else (more
-// ranks, Max) is not split and so unchanged.
-TEST(Collectives, SplitAllReduceIsBitIdentical) {
+// Options::allReducePieces and allReduceExchange: a 2-rank sum split into concurrent pieces, or
+// below the split size run as one exchange (each rank adds the other's tensor), gives the bits
+// of one Gloo all-reduce, which are a + b element by element, on both ranks; anything else
+// (more ranks, Max) is neither split nor exchanged and so unchanged.
+TEST(Collectives, SplitAndExchangedAllReducesAreBitIdentical) {
   struct Case {
     int ranks;
     int64_t n;
@@ -131,6 +132,10 @@ TEST(Collectives, SplitAllReduceIsBitIdentical) {
       {2, 100003, 4, 1, lt::comm::ReduceOp::Sum},
       {2, 4096, 2, 4, lt::comm::ReduceOp::Max},       // not split
       {3, 100003, 2, 4, lt::comm::ReduceOp::Sum},     // not split: 3 ranks
+      {2, 100003, 2, int64_t(4) << 20, lt::comm::ReduceOp::Sum},  // below 4 MiB: one exchange
+      {2, 1, 2, int64_t(4) << 20, lt::comm::ReduceOp::Sum},       // one element (a barrier's)
+      {2, 100003, 2, int64_t(4) << 20, lt::comm::ReduceOp::Max},  // not exchanged: Max
+      {3, 5, 2, int64_t(4) << 20, lt::comm::ReduceOp::Sum},       // not exchanged: 3 ranks
   };
   for (const auto& k : cases) {
     auto store = c10::make_intrusive<c10d::HashStore>();
@@ -141,8 +146,10 @@ TEST(Collectives, SplitAllReduceIsBitIdentical) {
         lt::comm::Options o;
         o.timeout = std::chrono::milliseconds(30000);
         o.allReducePieces = 1;
+        o.allReduceExchange = false;
         lt::comm::Comm one(store, r, k.ranks, o, "one");
         o.allReducePieces = k.pieces;
+        o.allReduceExchange = true;
         o.allReduceSplitBytes = k.splitBytes;
         lt::comm::Comm pieces(store, r, k.ranks, o, "pieces");
         whole[r] = spread(k.n, r);

@@ -138,8 +138,9 @@ Work::Work(c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish, const
   works_.push_back(std::move(w));
 }
 
-Work::Work(std::vector<c10::intrusive_ptr<c10d::Work>> ws, const Comm* comm, std::string what)
-    : works_(std::move(ws)), comm_(comm), what_(std::move(what)) {}
+Work::Work(std::vector<c10::intrusive_ptr<c10d::Work>> ws, const Comm* comm, std::string what,
+           std::function<void()> finish)
+    : works_(std::move(ws)), finish_(std::move(finish)), comm_(comm), what_(std::move(what)) {}
 
 void Work::wait() {
   trace::Scope ts("collective", !works_.empty() && trace::enabled() ? what_ + " (" + comm_->name() + ")" : std::string());
@@ -212,10 +213,19 @@ Work Comm::allReduce(at::Tensor t, ReduceOp op) {
   c10d::AllreduceOptions o;
   o.reduceOp = toC10d(op);
   o.timeout = opts_.timeout;
+  const int64_t n = t.numel(), bytes = n * static_cast<int64_t>(t.element_size());
+  if (size_ == 2 && op == ReduceOp::Sum && opts_.allReduceExchange && bytes < opts_.allReduceSplitBytes &&
+      (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble)) {
+    auto theirs = at::empty_like(t);
+    const int peer = 1 - rank_, tag = sendRecvCount_;
+    sendRecvCount_ = (sendRecvCount_ + 1) % (1 << 24);
+    std::vector<at::Tensor> out{t.view({-1})}, in{theirs.view({-1})};
+    std::vector<c10::intrusive_ptr<c10d::Work>> ws{pg_->send(out, peer, tag), pg_->recv(in, peer, tag)};
+    return Work(std::move(ws), this, "allReduce", [t, theirs]() mutable { t.add_(theirs); });
+  }
   // Every rank splits alike (same size, op and options), so the pieces' tags match up.
-  const int64_t n = t.numel();
   const bool split = size_ == 2 && op == ReduceOp::Sum && opts_.allReducePieces > 1 &&
-                     n * static_cast<int64_t>(t.element_size()) >= opts_.allReduceSplitBytes;
+                     bytes >= opts_.allReduceSplitBytes;
   const int64_t pieces = split ? std::min<int64_t>(opts_.allReducePieces, n) : 1;
   auto flat = t.view({-1});
   std::vector<c10::intrusive_ptr<c10d::Work>> ws;

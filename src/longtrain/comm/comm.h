@@ -9,7 +9,8 @@
 //   the same bytes on the wire as a ring reduce-scatter.
 // - A large sum all-reduce on 2 ranks runs as concurrent all-reduces of contiguous pieces
 //   (Options::allReducePieces): one Gloo ring keeps only two 1 MiB segments in flight and
-//   idles the link between them. The result is bit-identical: each element is a + b either way.
+//   idles the link between them; a small one runs as one exchange (Options::allReduceExchange).
+//   The result is bit-identical: each element is a + b either way.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -41,6 +42,11 @@ struct Options {
   // that depends on where the piece boundaries fall, so the bits could change.
   int allReducePieces = 2;
   int64_t allReduceSplitBytes = int64_t(4) << 20;
+  // A sum all-reduce of fp32 or fp64 below allReduceSplitBytes on a 2-rank group runs as one
+  // exchange: each rank sends its whole tensor and adds the other's. The ring's reduce-scatter
+  // and all-gather are two dependent steps of half the bytes each, so the exchange moves the
+  // same bytes with one wait; a + b = b + a, so both ranks and the ring get the same bits.
+  bool allReduceExchange = true;
 };
 
 // Every rank increments its own counter in the store every `interval`; when a collective
@@ -80,7 +86,8 @@ class Work {
   Work() = default;  // already complete
   Work(c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish, const Comm* comm, std::string what);
   // One collective issued as several c10d works (allReduce's pieces); complete when all are.
-  Work(std::vector<c10::intrusive_ptr<c10d::Work>> ws, const Comm* comm, std::string what);
+  Work(std::vector<c10::intrusive_ptr<c10d::Work>> ws, const Comm* comm, std::string what,
+       std::function<void()> finish = {});
   Work(Work&&) = default;
   Work& operator=(Work&&) = default;
   // Waits for completion (then runs the local epilogue, if any). Throws lt::Error on failure.
