@@ -122,10 +122,14 @@ std::pair<double, double> blockAttention(const Shape& s, const Rates& r) {
 // A block's work outside its GEMMs and attention, per token, {forward, backward} seconds: one
 // block timed on the model's code (Rates::block) less those two as priced at its shape. Timed on
 // the rank's tokens, at most what ~32 MiB of activations hold (~4 bytes x (10 D + 3 qkv + 6 F)
-// a token), so `train --fit` measures within its budget; {-1, -1} without a block rate.
+// a token), so `train --fit` measures within its budget; and only while the block's weights and
+// their gradients fit in 256 MiB (hidden ~1.5k): past that its GEMMs (D^2 a token) dwarf the
+// rest (D a token), and the pieces price it. {-1, -1}: priced from the pieces.
 std::pair<double, double> blockRestPerToken(const config::Config& c, const Shape& s, const Rates& r) {
-  if (!r.block) return {-1, -1};
-  const double perToken = 4 * (10 * s.hidden + 3 * (s.heads + 2 * s.kvHeads) * s.headDim + 6 * s.intermediate);
+  const double qkv = (s.heads + 2 * s.kvHeads) * s.headDim;
+  const double weights = s.hidden * (qkv + s.heads * s.headDim + 3 * s.intermediate);
+  if (!r.block || 2 * kF * weights > 256.0 * (1 << 20)) return {-1, -1};
+  const double perToken = kF * (10 * s.hidden + 3 * qkv + 6 * s.intermediate);
   const double cap = std::clamp(std::floor((32 << 20) / perToken), 128.0, 4096.0);
   Shape m = s;
   m.tokens = std::min(s.tokens, cap);
