@@ -100,6 +100,33 @@ TEST(LongEval, LossByPositionEqualsTheIndependentForward) {
   EXPECT_EQ(lt::train::evaluatePositions(*m.model, o).windows, 2);
 }
 
+// A Mistral window under a ring layout (2 thread ranks, Ulysses 1 x ring 2, zigzag): the ring
+// kernel is given the window, so the figures equal one process's (the ring used to see every
+// earlier key there, and evaluate a windowed model as a full-causal one).
+TEST(LongEval, RingLayoutKeepsTheSlidingWindow) {
+  const auto dir = lt::testing::freshTempDir("longtrain_long_eval_ring");
+  const fs::path file = writeTokens(dir / "t.bin", 3 * 16, 40);
+  lt::model::ModelConfig mc;
+  mc.vocabSize = 40, mc.hidden = 32, mc.layers = 2, mc.heads = 2, mc.kvHeads = 1, mc.intermediate = 48;
+  mc.modelType = lt::config::ModelType::Mistral, mc.slidingWindow = 3;
+  lt::train::PositionLossOptions o;
+  o.path = file.string(), o.seqLen = 16;
+  lt::model::Model one(mc, 5);
+  const auto want = lt::train::evaluatePositions(one, o);
+  const auto layout = lt::config::ParallelLayout::make(2, 2, mc.heads, mc.kvHeads, 2, lt::config::SpBalance::Zigzag);
+  ASSERT_EQ(layout.R, 2);
+  std::vector<lt::train::PositionLoss> got(2);
+  lt::testing::runRanks(2, 2, [&](int r, lt::comm::Groups& g) {
+    lt::model::Model m(mc, 5);
+    const lt::train::SequenceParallel sp{g, layout};
+    got[r] = lt::train::evaluatePositions(m, o, &sp);
+  }, std::chrono::milliseconds(30000), layout.R);
+  for (const auto& g : got) {
+    EXPECT_EQ(g.tokens, want.tokens);
+    EXPECT_NEAR(g.loss(), want.loss(), lt::testing::Tol::kSequenceParallel * want.loss());
+  }
+}
+
 TEST(LongEval, PackedDocumentsRestartPositionsAndMaskAcrossThem) {
   at::set_num_threads(1);
   const auto dir = lt::testing::freshTempDir("longtrain_long_eval_packed");

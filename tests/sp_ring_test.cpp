@@ -15,6 +15,7 @@
 #include "longtrain/ckpt/checkpoint.h"
 #include "longtrain/compile/executor.h"
 #include "longtrain/core/check.h"
+#include "longtrain/kernels/fused_attention.h"
 #include "longtrain/model/model.h"
 #include "longtrain/sp/layout.h"
 #include "longtrain/sp/ring_attention.h"
@@ -206,6 +207,33 @@ TEST(SpLayout, ZigzagHoldsChunksRAndTwoPMinusOneMinusR) {
 
 // The engine at P = 4 on a 2-head model (U 2 x R 2, zigzag) with ZeRO-3, and ring-only with an
 // odd seq_len, against one rank: losses over 3 steps and the parameters after them.
+// RingInputs::bf16 puts the ring kernel's tile products in bf16, as bf16.attention does the local
+// core's: within bf16's rounding of fp32, and not the fp32 bits (so bf16 did run). On 2 thread
+// ranks, contiguous shards, GQA 4 / 2. Skipped where the CPU has no AVX512_BF16.
+TEST(RingBf16, TileProductsInBf16StayWithinBf16Rounding) {
+  if (!lt::kernels::fusedAttentionBf16Supported()) GTEST_SKIP() << "no AVX512_BF16 on this CPU";
+  at::set_num_threads(1);
+  const int64_t n = 40, H = 4, KV = 2, D = 32;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(23);
+  auto q = at::randn({1, 2 * n, H, D}, gen), k = at::randn({1, 2 * n, KV, D}, gen), v = at::randn({1, 2 * n, KV, D}, gen);
+  std::vector<at::Tensor> fp32(2), bf16(2);
+  lt::testing::runRanks(2, 2, [&](int r, lt::comm::Groups& g) {
+    lt::sp::RingInputs in;
+    in.queryIndex = at::arange(r * n, (r + 1) * n, at::kLong);
+    in.keyIndex = at::arange(2 * n, at::kLong);
+    in.ring = g.spRing.get();
+    in.chunk = 16;
+    auto mine = [&](const at::Tensor& x) { return x.slice(1, r * n, (r + 1) * n).contiguous(); };
+    fp32[r] = lt::sp::ringAttention(mine(q), mine(k), mine(v), in);
+    in.bf16 = true;
+    bf16[r] = lt::sp::ringAttention(mine(q), mine(k), mine(v), in);
+  }, std::chrono::milliseconds(30000), 2);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_LE(relErr(bf16[r], fp32[r]), Tol::kBf16Attention) << "rank " << r;
+    EXPECT_FALSE(at::equal(bf16[r], fp32[r])) << "rank " << r << ": the bf16 products did not run";
+  }
+}
+
 TEST(RingEngine, HybridWithZero3AndOddLengthMatchOneRank) {
   at::set_num_threads(1);
   auto cfg = lt::testing::tinyTrainConfig();

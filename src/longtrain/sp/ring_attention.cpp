@@ -65,10 +65,11 @@ struct QueryBlock {
 
 // The kernel's options for the queries of `qb` over the key run `k`; false when no query sees
 // any of its keys (all later, or all before every query's document).
-bool pairOptions(const QueryBlock& qb, const Run& k, int64_t tile, kernels::FusedAttentionOptions& o) {
+bool pairOptions(const QueryBlock& qb, const Run& k, int64_t tile, bool bf16, kernels::FusedAttentionOptions& o) {
   if (k.first > qb.run.last()) return false;
   o = {};
   o.tile = tile;
+  o.bf16 = bf16;
   o.queryOffset = qb.run.first - k.first;
   if (qb.start.defined()) {
     o.documentStart = (qb.start - k.first).clamp(0, k.len);  // k.len: this row sees none of these keys
@@ -144,7 +145,7 @@ struct RingFn : torch::autograd::Function<RingFn> {
   // position; empty: no documents), keyIndex [R n].
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& queryIndex, const at::Tensor& start, const at::Tensor& keyIndex,
-                            int64_t ringPtr, int64_t tile, int64_t timerPtr) {
+                            int64_t ringPtr, int64_t tile, bool bf16, int64_t timerPtr) {
     at::NoGradGuard ng;
     ComputeTimer timer(timerPtr);
     comm::Comm* ring = commFrom(ringPtr);
@@ -162,7 +163,7 @@ struct RingFn : torch::autograd::Function<RingFn> {
         const auto kk = held[0].slice(1, kr.at, kr.at + kr.len), vv = held[1].slice(1, kr.at, kr.at + kr.len);
         for (const auto& qb : blocks) {
           kernels::FusedAttentionOptions o;
-          if (!pairOptions(qb, kr, tile, o)) continue;
+          if (!pairOptions(qb, kr, tile, bf16, o)) continue;
           mergeInto(out, lse, kernels::fusedAttentionForward(qb.q, kk, vv, o), qb.run.at);
         }
       }
@@ -176,6 +177,7 @@ struct RingFn : torch::autograd::Function<RingFn> {
     ctx->saved_data["keyIndex"] = keyIndex;
     ctx->saved_data["ring"] = ringPtr;
     ctx->saved_data["tile"] = tile;
+    ctx->saved_data["bf16"] = bf16;
     ctx->saved_data["timer"] = timerPtr;
     return out;
   }
@@ -186,6 +188,7 @@ struct RingFn : torch::autograd::Function<RingFn> {
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     comm::Comm* ring = commFrom(ctx->saved_data["ring"].toInt());
     const int64_t tile = ctx->saved_data["tile"].toInt(), n = k.size(1);
+    const bool bf16 = ctx->saved_data["bf16"].toBool();
     const auto keyIndex = ctx->saved_data["keyIndex"].toTensor();
     const int R = ring ? ring->size() : 1, me = ring ? ring->rank() : 0;
     const auto blocks = queryBlocks(q, ctx->saved_data["queryIndex"].toTensor(), ctx->saved_data["start"].toTensor());
@@ -215,7 +218,7 @@ struct RingFn : torch::autograd::Function<RingFn> {
         const auto kk = held[0].slice(1, a, b), vv = held[1].slice(1, a, b);
         for (size_t i = 0; i < blocks.size(); ++i) {
           kernels::FusedAttentionOptions o;
-          if (!pairOptions(blocks[i], kr, tile, o)) continue;
+          if (!pairOptions(blocks[i], kr, tile, bf16, o)) continue;
           auto g = kernels::fusedAttentionBackward(blocks[i].q, kk, vv, merged[i], dOut[i], o);
           dq.slice(1, blocks[i].run.at, blocks[i].run.at + blocks[i].run.len).add_(g.dq);
           dkv[0].slice(1, a, b).add_(g.dk);
@@ -237,7 +240,8 @@ struct RingFn : torch::autograd::Function<RingFn> {
     }
     partialInFlight.wait();
     const at::Tensor mine = R > 1 ? own.add_(partial) : own;
-    return {dq, mine[0], mine[1], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq,          mine[0],     mine[1],     at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -258,19 +262,19 @@ at::Tensor ringAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   auto start = in.documentStart.defined() ? in.documentStart.to(at::kLong).contiguous() : at::empty({0}, at::kLong);
   return RingFn::apply(q.contiguous(), k.contiguous(), v.contiguous(), in.queryIndex.to(at::kLong).contiguous(), start,
                        in.keyIndex.to(at::kLong).contiguous(), static_cast<int64_t>(reinterpret_cast<intptr_t>(in.ring)),
-                       in.chunk, static_cast<int64_t>(reinterpret_cast<intptr_t>(in.computeSeconds)));
+                       in.chunk, in.bf16, static_cast<int64_t>(reinterpret_cast<intptr_t>(in.computeSeconds)));
 }
 
 model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses, std::shared_ptr<comm::Comm> ring,
                                              const ParallelLayout& layout, int spRank, model::AttentionFn core,
                                              int64_t chunk, double* computeSeconds, int64_t window,
-                                             const UlyssesPipeline& pipeline) {
+                                             const UlyssesPipeline& pipeline, bool bf16) {
   LT_ASSERT((layout.U == 1) == (!ulysses || ulysses->size() == 1) && (layout.R == 1) == (!ring || ring->size() == 1));
   LT_ASSERT(layout.spRankOf(ring ? ring->rank() : 0, ulysses ? ulysses->rank() : 0) == spRank);
   if (layout.ulyssesOnly()) return ulyssesAttention(ulysses, core, pipeline);
   if (layout.U == 1) ulysses = nullptr;
   if (layout.R == 1) ring = nullptr;
-  return [ulysses, ring, layout, chunk, computeSeconds, window](const at::Tensor& q, const at::Tensor& k,
+  return [ulysses, ring, layout, chunk, computeSeconds, window, bf16](const at::Tensor& q, const at::Tensor& k,
                                                                 const at::Tensor& v, const at::Tensor& pos) {
     const int64_t n = q.size(1), U = layout.U;
     const int ringRank = ring ? ring->rank() : 0;
@@ -303,6 +307,7 @@ model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses
     }
     in.ring = ring.get();
     in.chunk = chunk;
+    in.bf16 = bf16;
     in.computeSeconds = computeSeconds;
     auto o = ringAttention(qq, kk, vv, in);  // [B, U n, H/U, Dh]
     return ulysses ? headsToSeq(o.contiguous(), ulysses.get()) : o;

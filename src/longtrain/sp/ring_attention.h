@@ -25,6 +25,7 @@ struct RingInputs {
   at::Tensor documentStart;  // [B, n] int64: first global position each query may see; undefined: 0
   comm::Comm* ring = nullptr;  // the ring group (R ranks); null: R = 1 (masked local attention)
   int64_t chunk = 0;           // the fused kernel's tile edge (0: its default)
+  bool bf16 = false;           // its tile products in bf16 (model::attentionInBf16)
   // If set, the seconds spent on tiles (forward and backward, not waiting for the ring) are
   // added to it: benches measure the per-rank work (zigzag's balance) with it.
   double* computeSeconds = nullptr;
@@ -40,10 +41,12 @@ at::Tensor ringAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 // With layout.ulyssesOnly() it is ulyssesAttention(ulysses, core, pipeline); other layouts
 // leave `pipeline` unused (the ring kernel is the core).
 // `spRank` is this rank's rank in the SP group; `chunk` the ring kernel's tile edge (0: the fused
-// kernel's default); `window` the sliding window (0: none; Ulysses-only layouts leave it to `core`).
+// kernel's default); `window` the sliding window (0: none; Ulysses-only layouts leave it to `core`);
+// `bf16` the ring kernel's tile products in bf16, as `core`'s are (model::attentionInBf16).
 model::AttentionFn sequenceParallelAttention(std::shared_ptr<comm::Comm> ulysses, std::shared_ptr<comm::Comm> ring,
                                              const ParallelLayout& layout, int spRank, model::AttentionFn core,
                                              int64_t chunk = 0, double* computeSeconds = nullptr,
-                                             int64_t window = 0, const UlyssesPipeline& pipeline = {});
+                                             int64_t window = 0, const UlyssesPipeline& pipeline = {},
+                                             bool bf16 = false);
 
 }  // namespace lt::sp

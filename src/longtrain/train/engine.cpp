@@ -194,7 +194,8 @@ void Engine::buildExecutor() {
                                                                 groups_.sp->rank(), core, cfg_.model.attentionChunk,
                                                                 nullptr, cfg_.model.slidingWindow,
                                                                 sp::ulyssesPipeline(model_->config(),
-                                                                                    config::ulyssesHeadGroups(cfg_, cfg_.layout)))
+                                                                                    config::ulyssesHeadGroups(cfg_, cfg_.layout)),
+                                                                model::attentionInBf16(model_->config()))
                                 : core;
   exec_ = std::make_unique<compile::Executor>(*model_, attn, std::move(hooks), offload_.get());
 }

@@ -156,7 +156,8 @@ PositionLoss evaluatePositions(model::Model& m, const PositionLossOptions& o, co
   model::AttentionFn spAttn;
   if (split)
     spAttn = sp::sequenceParallelAttention(sp->groups.spUlysses, sp->groups.spRing, sp->layout, sp->groups.sp->rank(),
-                                           model::attentionCore(m.config()), m.config().attentionChunk);
+                                           model::attentionCore(m.config()), m.config().attentionChunk, nullptr,
+                                           m.config().slidingWindow, {}, model::attentionInBf16(m.config()));
   at::NoGradGuard ng;
   for (int64_t w = 0; w < n; ++w) {
     const data::Sample s = file.get(w);
