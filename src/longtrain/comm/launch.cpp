@@ -5,7 +5,9 @@
 #include "longtrain/comm/launch.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -123,6 +125,37 @@ auto withinLimit(F f, milliseconds limit, const std::string& what) -> decltype(f
   return std::move(*p->value);
 }
 
+// Why nothing accepts a TCP connection at host:port within `limit` ("" when something does: a
+// plain connect, closed at once). The launcher asks before it builds a TCPStore client: libtorch
+// 2.x's client retries a refused connection inside its constructor, longer than asked, and logs
+// each try with a backtrace, so the launcher could neither say that it waits nor keep that text
+// from the user.
+std::string tcpUnreachable(const std::string& host, int port, milliseconds limit) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0 || !res) return std::string("cannot resolve the address: ") + ::gai_strerror(rc);
+  std::string why;
+  const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    why = std::strerror(errno);
+  } else if (::connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
+    if (errno != EINPROGRESS) {
+      why = std::strerror(errno);
+    } else {
+      pollfd pf{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof err;
+      if (::poll(&pf, 1, static_cast<int>(limit.count())) <= 0) why = "no answer";
+      else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) why = std::strerror(err);
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  return why;
+}
+
 // The launcher's connection to node 0's store. Node 0 hosts it and never loses it; another
 // node connects, and after a call that failed or did not answer, connects anew (a fresh
 // client: the old one may be blocked for good), retrying until a deadline, as torchrun's agent
@@ -150,6 +183,8 @@ class StoreLink {
       return;
     }
     const std::string addr = o_.masterAddr;
+    const std::string unreachable = tcpUnreachable(addr, o_.masterPort, std::min(limit, milliseconds(1000)));
+    if (!unreachable.empty()) throw StoreLost(where() + ": " + unreachable);
     store_ = withinLimit([addr, so] { return c10::make_intrusive<c10d::TCPStore>(addr, so); },
                          limit + milliseconds(2000), where());
   }
