@@ -217,11 +217,8 @@ Work Comm::allReduce(at::Tensor t, ReduceOp op) {
   if (size_ == 2 && op == ReduceOp::Sum && opts_.allReduceExchange && bytes < opts_.allReduceSplitBytes &&
       (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble)) {
     auto theirs = at::empty_like(t);
-    const int peer = 1 - rank_, tag = sendRecvCount_;
-    sendRecvCount_ = (sendRecvCount_ + 1) % (1 << 24);
-    std::vector<at::Tensor> out{t.view({-1})}, in{theirs.view({-1})};
-    std::vector<c10::intrusive_ptr<c10d::Work>> ws{pg_->send(out, peer, tag), pg_->recv(in, peer, tag)};
-    return Work(std::move(ws), this, "allReduce", [t, theirs]() mutable { t.add_(theirs); });
+    return Work(issueSendRecv(t, 1 - rank_, theirs, 1 - rank_), this, "allReduce",
+                [t, theirs]() mutable { t.add_(theirs); });
   }
   // Every rank splits alike (same size, op and options), so the pieces' tags match up.
   const bool split = size_ == 2 && op == ReduceOp::Sum && opts_.allReducePieces > 1 &&
@@ -344,11 +341,15 @@ Work Comm::sendRecv(at::Tensor send, int to, at::Tensor recv, int from) {
     recv.copy_(send);
     return {};
   }
+  return Work(issueSendRecv(send, to, recv, from), this, "sendRecv");
+}
+
+std::vector<c10::intrusive_ptr<c10d::Work>> Comm::issueSendRecv(const at::Tensor& send, int to, const at::Tensor& recv,
+                                                                int from) {
   const int tag = sendRecvCount_;
   sendRecvCount_ = (sendRecvCount_ + 1) % (1 << 24);
   std::vector<at::Tensor> out{send.contiguous().view({-1})}, in{recv.view({-1})};
-  std::vector<c10::intrusive_ptr<c10d::Work>> ws{pg_->send(out, to, tag), pg_->recv(in, from, tag)};
-  return Work(std::move(ws), this, "sendRecv");
+  return {pg_->send(out, to, tag), pg_->recv(in, from, tag)};
 }
 
 void Comm::barrier() {

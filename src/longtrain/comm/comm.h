@@ -154,7 +154,10 @@ class Comm {
   std::string name_;
   std::vector<int> globalRanks_;
   std::shared_ptr<Liveness> liveness_;
-  int sendRecvCount_ = 0;  // the tag of the next sendRecv (the same on every rank)
+  int sendRecvCount_ = 0;  // the tag of the next send/recv pair (the same on every rank)
+  // Sends `send` (contiguous, flat) to `to` and receives into `recv` from `from` under the next tag.
+  std::vector<c10::intrusive_ptr<c10d::Work>> issueSendRecv(const at::Tensor& send, int to, const at::Tensor& recv,
+                                                           int from);
 };
 
 // The world, sequence-parallel and data-parallel groups of one rank (SP groups

@@ -179,12 +179,10 @@ void checkInputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
                start.size(1) == q.size(1),
            "fused attention: documentStart must be int64 [B, S] = [", q.size(0), ", ", q.size(1), "]");
   auto rows = at::arange(q.size(1), start.options()).unsqueeze(0);
-  if (selfAttention)
-    LT_CHECK(start.ge(0).all().item<bool>() && start.le(rows).all().item<bool>(),
-             "fused attention: documentStart[b, s] must lie in [0, s]");
-  else  // s + offset + 1: the row sees no key of this block
-    LT_CHECK(start.ge(0).all().item<bool>() && start.le(rows + (offset + 1)).all().item<bool>(),
-             "fused attention: documentStart[b, s] must lie in [0, s + queryOffset + 1] (queryOffset ", offset, ")");
+  const int64_t beyond = selfAttention ? 0 : offset + 1;  // s + offset + 1: the row sees no key of this block
+  LT_CHECK(start.ge(0).all().item<bool>() && start.le(rows + beyond).all().item<bool>(),
+           "fused attention: documentStart[b, s] must lie in ",
+           selfAttention ? "[0, s]" : "[0, s + queryOffset + 1] (queryOffset " + std::to_string(offset) + ")");
   if (q.size(1) > 1)
     LT_CHECK(start.slice(1, 1).ge(start.slice(1, 0, -1)).all().item<bool>(),
              "fused attention: documentStart must be non-decreasing along the sequence (documents are contiguous)");

@@ -116,7 +116,8 @@ Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg
   // rank, so every rank joins its collective.
   k.bf16Attention = k.bf16Gemms && cfg_.precision.attention &&
                     cfg_.model.attention == config::AttentionKernel::Fused && chooseBf16Attention();
-  k.bf16Attention = model::attentionInBf16(plan_.model(cfg_.model));
+  LT_ASSERT(k.bf16Attention == model::attentionInBf16(plan_.model(cfg_.model)),
+            "bf16.attention's choice and the model's rule (model::attentionInBf16) disagree");
   k.packedDocuments = cfg_.data.packing == config::Packing::Documents;
   plan_.memoryBudget = plan::memoryBudgetFor(cfg_, opts.localRanks > 0 ? opts.localRanks : groups_.world->size());
   // A budget the user set binds the resident set: without decommit, spans a step frees and

@@ -70,16 +70,26 @@ double medianSeconds(F&& fn) {
   return s[1];
 }
 
-struct LinearTimes {
+// Seconds of a piece of work's forward and backward.
+struct Times {
   double forward = 0, backward = 0;
 };
 
+// `forward` timed, and the backward as what `both` (forward then backward) takes beyond it.
+template <class F, class G>
+Times forwardAndBackward(F&& forward, G&& both) {
+  Times t;
+  t.forward = medianSeconds(forward);
+  t.backward = std::max(0.0, medianSeconds(both) - t.forward);
+  return t;
+}
+
 // y = x W^T over M rows, and backward's dX = dY W and dW = dY^T X, by `route`.
-LinearTimes timeLinear(int64_t M, int64_t N, int64_t K, kernels::GemmRoute route) {
+Times timeLinear(int64_t M, int64_t N, int64_t K, kernels::GemmRoute route) {
   const auto type = route == kernels::GemmRoute::Bf16 ? at::kBFloat16 : at::kFloat;
   auto x = at::randn({M, K}).to(type), w = at::randn({N, K}).to(type), dy = at::randn({M, N}).to(type);
   auto y = at::empty({M, N}), dx = at::empty({M, K}), dw = at::empty({N, K});
-  LinearTimes t;
+  Times t;
   t.forward = medianSeconds([&] { kernels::matmulInto(y, x, false, w, true, route); });
   t.backward = medianSeconds([&] {
     kernels::matmulInto(dx, dy, false, w, false, route);
@@ -88,32 +98,26 @@ LinearTimes timeLinear(int64_t M, int64_t N, int64_t K, kernels::GemmRoute route
   return t;
 }
 
-struct AttentionTimes {
-  double forward = 0, backward = 0;
-};
-
-AttentionTimes timeAttention(int64_t B, int64_t S, int64_t heads, int64_t kvHeads, int64_t dim) {
+Times timeAttention(int64_t B, int64_t S, int64_t heads, int64_t kvHeads, int64_t dim) {
   auto q = at::randn({B, S, heads, dim}).set_requires_grad(true);
   auto k = at::randn({B, S, kvHeads, dim}).set_requires_grad(true);
   auto v = at::randn({B, S, kvHeads, dim}).set_requires_grad(true);
   auto g = at::randn({B, S, heads, dim});
-  AttentionTimes t;
-  {
-    at::NoGradGuard ng;
-    t.forward = medianSeconds([&] { (void)kernels::fusedAttention(q, k, v); });
-  }
-  const double both = medianSeconds([&] {
-    kernels::fusedAttention(q, k, v).backward(g);
-    for (auto* p : {&q, &k, &v}) p->mutable_grad().reset();
-  });
-  t.backward = std::max(0.0, both - t.forward);
-  return t;
+  return forwardAndBackward(
+      [&] {
+        at::NoGradGuard ng;
+        (void)kernels::fusedAttention(q, k, v);
+      },
+      [&] {
+        kernels::fusedAttention(q, k, v).backward(g);
+        for (auto* p : {&q, &k, &v}) p->mutable_grad().reset();
+      });
 }
 
 // One decoder block of `m` over [B, S] tokens with its GEMMs on `route`, the model's code and
 // attention core: forward (recording the graph, as training does) and backward (into the input
 // and every weight). A one-block model with an 8-token vocabulary: only the block is run.
-AttentionTimes timeBlock(config::ModelConfig m, int64_t B, int64_t S, kernels::GemmRoute route) {
+Times timeBlock(config::ModelConfig m, int64_t B, int64_t S, kernels::GemmRoute route) {
   m.layers = 1, m.vocabSize = 8, m.initFrom.clear();
   m.resolved.bf16Gemms = route == kernels::GemmRoute::Bf16;
   m.resolved.oneDnnGemm = route == kernels::GemmRoute::OneDnn;
@@ -122,15 +126,12 @@ AttentionTimes timeBlock(config::ModelConfig m, int64_t B, int64_t S, kernels::G
   auto x = at::randn({B, S, m.hidden}).set_requires_grad(true), g = at::randn({B, S, m.hidden});
   auto pos = at::arange(S, at::kLong).unsqueeze(0).repeat({B, 1});
   auto params = model.group(0);
-  AttentionTimes t;
-  t.forward = medianSeconds([&] { (void)model.block(0, x, pos, core); });
-  const double both = medianSeconds([&] {
-    model.block(0, x, pos, core).backward(g);
-    x.mutable_grad().reset();
-    for (auto& p : params) p.tensor.mutable_grad().reset();
-  });
-  t.backward = std::max(0.0, both - t.forward);
-  return t;
+  return forwardAndBackward([&] { (void)model.block(0, x, pos, core); },
+                            [&] {
+                              model.block(0, x, pos, core).backward(g);
+                              x.mutable_grad().reset();
+                              for (auto& p : params) p.tensor.mutable_grad().reset();
+                            });
 }
 
 // The block's inputs of `m` that change its time, with the measured B and S: a cache key.
@@ -268,48 +269,37 @@ class ThreadsFor {
   int before_;
 };
 
+// The measurement at `key` in `kept`, made on the first ask (on the rank's thread count) and kept.
+template <class Map, class Measure>
+const typename Map::mapped_type& measuredOnce(Map& kept, const typename Map::key_type& key, int threads,
+                                              Measure&& measure) {
+  auto it = kept.find(key);
+  if (it == kept.end()) {
+    ThreadsFor t(threads);
+    it = kept.emplace(key, measure()).first;
+  }
+  return it->second;
+}
+
 struct Cache {
   kernels::GemmRoute route;
   int threads = 1;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, LinearTimes> linear;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, AttentionTimes> attention;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, Times> linear;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, Times> attention;
   std::map<int, double> stream;  // by log2 of the tensor's bytes
-  std::map<std::string, AttentionTimes> block;
-  const LinearTimes& linearAt(int64_t M, int64_t N, int64_t K) {
-    auto key = std::make_tuple(M, N, K);
-    auto it = linear.find(key);
-    if (it == linear.end()) {
-      ThreadsFor t(threads);
-      it = linear.emplace(key, timeLinear(M, N, K, route)).first;
-    }
-    return it->second;
+  std::map<std::string, Times> block;
+  const Times& linearAt(int64_t M, int64_t N, int64_t K) {
+    return measuredOnce(linear, {M, N, K}, threads, [&] { return timeLinear(M, N, K, route); });
   }
-  const AttentionTimes& attentionAt(int64_t B, int64_t S, int64_t h, int64_t hk, int64_t d) {
-    auto key = std::make_tuple(B, S, h, hk, d);
-    auto it = attention.find(key);
-    if (it == attention.end()) {
-      ThreadsFor t(threads);
-      it = attention.emplace(key, timeAttention(B, S, h, hk, d)).first;
-    }
-    return it->second;
+  const Times& attentionAt(int64_t B, int64_t S, int64_t h, int64_t hk, int64_t d) {
+    return measuredOnce(attention, {B, S, h, hk, d}, threads, [&] { return timeAttention(B, S, h, hk, d); });
   }
-  const AttentionTimes& blockAt(const config::ModelConfig& m, int64_t B, int64_t S) {
-    const auto key = blockKey(m, B, S);
-    auto it = block.find(key);
-    if (it == block.end()) {
-      ThreadsFor t(threads);
-      it = block.emplace(key, timeBlock(m, B, S, route)).first;
-    }
-    return it->second;
+  const Times& blockAt(const config::ModelConfig& m, int64_t B, int64_t S) {
+    return measuredOnce(block, blockKey(m, B, S), threads, [&] { return timeBlock(m, B, S, route); });
   }
   double streamAt(double bytes) {
     const int bucket = std::clamp(static_cast<int>(std::log2(std::max(bytes, 1.0))), 16, kLargestStreamBucket);
-    auto it = stream.find(bucket);
-    if (it == stream.end()) {
-      ThreadsFor t(threads);
-      it = stream.emplace(bucket, timeStream(std::ldexp(1.0, bucket))).first;
-    }
-    return it->second;
+    return measuredOnce(stream, bucket, threads, [&] { return timeStream(std::ldexp(1.0, bucket)); });
   }
 };
 
