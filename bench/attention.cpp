@@ -83,7 +83,37 @@ void run(benchmark::State& state, const AttnFn& fn, const std::string& name, dou
   state.counters["%peak"] = benchmark::Counter(flops / gemmPeak() * 100, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The backward alone in each plan (fused_attention.h, BackwardPlan) at seq 4096, head dim 16, 8
+// query heads over `kv` kv heads, batch 1; the per-tile plan's gradients must equal the per-kv-head
+// plan's bit for bit.
+void backwardPlan(benchmark::State& state) {
+  using lt::kernels::BackwardPlan;
+  const int64_t S = 4096, D = 16, kv = state.range(0);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(6);
+  auto q = at::randn({1, S, 8, D}, gen), k = at::randn({1, S, kv, D}, gen), v = at::randn({1, S, kv, D}, gen);
+  auto dout = at::randn({1, S, 8, D}, gen);
+  lt::kernels::FusedAttentionOptions o;
+  const auto fwd = lt::kernels::fusedAttentionForward(q, k, v, o);
+  o.backwardPlan = BackwardPlan::PerKvHead;
+  const auto ref = lt::kernels::fusedAttentionBackward(q, k, v, fwd, dout, o);
+  o.backwardPlan = static_cast<BackwardPlan>(state.range(1));
+  const auto got = lt::kernels::fusedAttentionBackward(q, k, v, fwd, dout, o);
+  if (!got.dq.equal(ref.dq) || !got.dk.equal(ref.dk) || !got.dv.equal(ref.dv)) {
+    std::fprintf(stderr, "bench/attention: the backward plans' gradients differ (kv %ld)\n", static_cast<long>(kv));
+    std::exit(1);
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(lt::kernels::fusedAttentionBackward(q, k, v, fwd, dout, o));
+}
+
 void registerAll() {
+  for (int64_t kv : {1, 2, 4})
+    for (auto plan : {lt::kernels::BackwardPlan::PerKvHead, lt::kernels::BackwardPlan::PerTile})
+      benchmark::RegisterBenchmark(plan == lt::kernels::BackwardPlan::PerTile ? "backward_per_tile" : "backward_per_kv_head",
+                                   backwardPlan)
+          ->Args({kv, static_cast<int64_t>(plan)})
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime()
+          ->MinTime(1.0);
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{4096, 16}, {2048, 32}, {2048, 64}};
   auto add = [&](const std::string& name, AttnFn fn, double tolerance, int64_t window = 0) {
     auto* b = benchmark::RegisterBenchmark(name.c_str(),

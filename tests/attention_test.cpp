@@ -278,12 +278,13 @@ std::pair<at::Tensor, at::Tensor> offsetReference(const at::Tensor& q, const at:
   return {at::matmul(at::softmax(scores, -1) * seen, vv).transpose(1, 2), lse.squeeze(-1)};
 }
 
+struct OffsetCase {
+  int64_t B, S, Sk, H, KV, D, tile, offset;
+  bool documents;
+};
+
 TEST(FusedAttention, QueriesAtAnOffsetEqualADenseMask) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(19);
-  struct OffsetCase {
-    int64_t B, S, Sk, H, KV, D, tile, offset;
-    bool documents;
-  };
   const std::vector<OffsetCase> cases = {
       {1, 20, 13, 4, 2, 16, 8, 13, false},  // keys wholly earlier: every key visible
       {2, 19, 23, 4, 1, 8, 4, 5, false},    // a block across the diagonal, more keys than queries
@@ -315,6 +316,49 @@ TEST(FusedAttention, QueriesAtAnOffsetEqualADenseMask) {
       EXPECT_TRUE(at::equal(at::isinf(lse), at::isinf(refLse))) << what << ": rows with no key";
       auto finite = at::isfinite(refLse);
       EXPECT_LE(relErr(lse.masked_select(finite), refLse.masked_select(finite)), Tol::kFusedKernel) << what << " lse";
+    }
+  }
+}
+
+// The backward's two plans (a task per kv head; a task per key tile, then per query tile) give
+// the same bits, in every build this CPU runs (the bf16 one too), with queries at offsets, rows
+// that see no key, documents and odd lengths; and the per-tile plan the dense reference's gradients.
+TEST(FusedAttention, BackwardPlansGiveTheSameBits) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(23);
+  const std::vector<OffsetCase> cases = {
+      {1, 70, 70, 4, 1, 16, 16, 0, false}, {2, 37, 37, 6, 3, 8, 8, 0, true}, {1, 19, 23, 4, 2, 8, 4, 5, false},
+      {1, 17, 9, 2, 1, 8, 4, -3, false},   {2, 21, 15, 4, 2, 8, 4, 15, true}, {1, 40, 40, 2, 1, 32, 0, 0, false},
+  };
+  std::vector<std::pair<Isa, bool>> builds;
+  for (auto isa : supportedIsas()) builds.push_back({isa, false});
+  if (lt::kernels::fusedAttentionBf16Supported()) builds.push_back({Isa::Avx512Bf16, true});
+  for (const auto& c : cases) {
+    auto q = at::randn({c.B, c.S, c.H, c.D}, gen), up = at::randn({c.B, c.S, c.H, c.D}, gen);
+    auto k = at::randn({c.B, c.Sk, c.KV, c.D}, gen), v = at::randn({c.B, c.Sk, c.KV, c.D}, gen);
+    at::Tensor start;
+    if (c.documents) {  // documents every 5 positions, clamped past every key
+      auto rows = at::arange(c.S, at::kLong).unsqueeze(0).expand({c.B, c.S});
+      start = (at::div(rows, 5, "floor") * 5).clamp(0, c.Sk).contiguous();
+    }
+    const auto hidden = offsetMask(c.B, c.S, c.Sk, c.offset, start);
+    auto ref = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& cc) { return offsetReference(a, b, cc, hidden).first; });
+    const std::string what = "S" + std::to_string(c.S) + " Sk" + std::to_string(c.Sk) + " KV" + std::to_string(c.KV) +
+                             " offset " + std::to_string(c.offset) + (c.documents ? " documents" : "");
+    for (auto [isa, bf16] : builds) {
+      lt::kernels::FusedAttentionOptions o;
+      o.tile = c.tile, o.isa = isa, o.bf16 = bf16, o.queryOffset = c.offset;
+      if (start.defined()) o.documentStart = start;
+      const auto fwd = lt::kernels::fusedAttentionForward(q, k, v, o);
+      o.backwardPlan = lt::kernels::BackwardPlan::PerKvHead;
+      const auto perHead = lt::kernels::fusedAttentionBackward(q, k, v, fwd, up, o);
+      o.backwardPlan = lt::kernels::BackwardPlan::PerTile;
+      const auto perTile = lt::kernels::fusedAttentionBackward(q, k, v, fwd, up, o);
+      const std::string at = std::string(lt::kernels::isaName(isa)) + (bf16 ? " bf16 " : " ") + what;
+      EXPECT_TRUE(at::equal(perTile.dq, perHead.dq)) << at << " dq";
+      EXPECT_TRUE(at::equal(perTile.dk, perHead.dk)) << at << " dk";
+      EXPECT_TRUE(at::equal(perTile.dv, perHead.dv)) << at << " dv";
+      if (bf16) continue;
+      expectClose({fwd.out, perTile.dq, perTile.dk, perTile.dv}, ref, at + " per tile");
     }
   }
 }

@@ -31,23 +31,32 @@ struct Backward {
   const float *out = nullptr, *lse = nullptr, *dout = nullptr;
   const int64_t* start = nullptr;
   float *dq = nullptr, *dk = nullptr, *dv = nullptr;  // dq zeroed by the caller; dk, dv written whole
+  float* delta = nullptr;                             // [B, H, S]: BackwardPart::Delta's rows
 };
 
 // Floats of scratch one worker needs for each kind of task; and for one packed tile operand
-// (fp32, or bf16 pairs), of which a forward task uses 3 and a backward task 5.
+// (fp32, or bf16 pairs), of which a forward task uses 3 and a backward task 6.
 int64_t panelFloats(const Shape& s);
 int64_t forwardScratch(const Shape& s);
 int64_t backwardScratch(const Shape& s);
 
 // One forward task: query tile `qTile` of head h in batch b (out rows and lse written).
-// One backward task: every query head of kv head g in batch b (dq rows of those heads, dk and
-// dv rows of g written); tasks touch disjoint memory, so they run in any order on any thread.
 using ForwardTask = void (*)(const Forward& a, int64_t b, int64_t h, int64_t qTile, float* scratch);
-using BackwardTask = void (*)(const Backward& a, int64_t b, int64_t g, float* scratch);
+
+// The backward runs Delta on every (b, query head) first, then one of two plans whose tasks
+// touch disjoint memory, so they run in any order on any thread, with the same bits:
+// - KvHead (`head` a kv head): dq rows of its query heads, dk and dv rows of it, key tile by key
+//   tile. B x KV tasks: a thread per kv head.
+// - KeyTile (`head` a kv head, `tile` a key tile): its dk and dv rows; then QueryTile (`head` a
+//   query head, `tile` a query tile): its dq rows, key tile by key tile in KvHead's order. Many
+//   tasks, but the scores and dP are computed twice: for when B x KV leaves threads idle.
+enum class BackwardPart { Delta, KvHead, KeyTile, QueryTile };
+using BackwardTask = void (*)(const Backward& a, BackwardPart part, int64_t b, int64_t head, int64_t tile,
+                              float* scratch);
 
 #define LT_ATTN_DECLARE(isa)                                                                   \
   void forwardTask_##isa(const Forward& a, int64_t b, int64_t h, int64_t qTile, float* scratch); \
-  void backwardTask_##isa(const Backward& a, int64_t b, int64_t g, float* scratch);
+  void backwardTask_##isa(const Backward& a, BackwardPart part, int64_t b, int64_t head, int64_t tile, float* scratch);
 LT_ATTN_DECLARE(baseline)
 LT_ATTN_DECLARE(avx2)
 LT_ATTN_DECLARE(avx512)

@@ -19,6 +19,11 @@ struct AutogradContext;
 
 namespace lt::kernels {
 
+// How the backward shares out its work (attention_kernels.h, BackwardPart); the bits are the same.
+// PerKvHead: a task per (batch, kv head). PerTile: a task per key tile (dk, dv), then per query tile
+// (dq), at ~1.5x the work. Auto: PerTile where batch x kv heads leaves threads idle.
+enum class BackwardPlan { Auto, PerKvHead, PerTile };
+
 struct FusedAttentionOptions {
   // [B, S] int64: the first position row s may attend to (the start of its document), non-
   // decreasing along s and <= s. Undefined: plain causal attention.
@@ -35,6 +40,8 @@ struct FusedAttentionOptions {
   // keys with it (sp/ring_attention.cpp); a row that sees no key gets a zero output and a
   // log-sum-exp of -inf, and documentStart[s] may then be s + queryOffset + 1.
   int64_t queryOffset = 0;
+  // fusedAttentionBackward's plan (tests, benches); the autograd function always runs Auto.
+  BackwardPlan backwardPlan = BackwardPlan::Auto;
 };
 
 // Whether this CPU runs the bf16 tile products: isaSupported(Isa::Avx512Bf16).
