@@ -10,6 +10,8 @@
 #include <string>
 
 #include "longtrain/config/parse.h"
+#include "longtrain/core/memory.h"
+#include "longtrain/plan/memory_model.h"
 #include "longtrain/plan/fit.h"
 #include "longtrain/plan/time_model.h"
 
@@ -128,13 +130,20 @@ TEST(TimeModel, ABlockTimedOnTheModelPricesItsRestPerToken) {
   }
 }
 
-// Under a budget freed pages go back to the system, and a step re-faults what it writes: half the
-// bytes its pointwise passes and loss stream (at the closed-form 10 GB/s, pointwise seconds / 1e-10).
+// Under a budget that binds freed pages go back to the system, and a step re-faults what it writes:
+// half the bytes its pointwise passes and loss stream (at the closed-form 10 GB/s, pointwise
+// seconds / 1e-10). No budget, or one twice the peak kept without decommit: nothing returned.
 TEST(TimeModel, DecommitRefaultsWhatAStepWrites) {
   Rates r = closedFormRates();
   r.refaultSecondsPerByte = 3e-10;
-  EXPECT_EQ(lt::plan::predictStepTime(parse(fitConfig(), 1), 1, 4, r).decommit, 0);  // no budget: nothing returned
-  const auto budgeted = parse(fitConfig(), 1, {"train.memory_budget=\"1GiB\""});
+  EXPECT_EQ(lt::plan::predictStepTime(parse(fitConfig(), 1), 1, 4, r).decommit, 0);
+  const auto generous = parse(fitConfig(), 1, {"train.memory_budget=\"1GiB\""});
+  const int64_t kept = lt::plan::predictPeak(parse(fitConfig(), 1), 1, 4).total();
+  ASSERT_LT(kept, lt::plan::kKeepFreedShare * lt::plan::fitBytes(int64_t{1} << 30));
+  EXPECT_FALSE(lt::plan::decommitsFreedMemory(generous, 1, 4));
+  EXPECT_EQ(lt::plan::predictStepTime(generous, 1, 4, r).decommit, 0);
+  const auto budgeted = parse(fitConfig(), 1, {"train.memory_budget=\"1MiB\""});
+  EXPECT_EQ(lt::plan::decommitsFreedMemory(budgeted, 1, 4), lt::allocatorName() == "tcmalloc");
   const auto t = lt::plan::predictStepTime(budgeted, 1, 4, r);
   EXPECT_NEAR(t.decommit, 0.5 * t.pointwise / 1e-10 * 3e-10, Tol::kDoubleArithmetic * t.decommit);
   EXPECT_NEAR(t.total() - t.decommit, lt::plan::predictStepTime(parse(fitConfig(), 1), 1, 4, r).total(),
@@ -182,8 +191,8 @@ TEST(Fit, EveryChoiceFitsTheBudgetAndTheFastestComesFirst) {
   const int world = 2;
   auto with = [&](const std::vector<std::string>& sets) { return parse(j, world, sets); };
   const auto base = parse(j, world);
-  // Priced as fit prices its candidates: under a train.memory_budget (freed spans decommitted).
-  const std::string budgeted = "train.memory_budget=\"1GiB\"";
+  // Priced as fit prices its candidates: under a budget that binds (freed spans decommitted).
+  const std::string budgeted = "train.memory_budget=\"1MiB\"";
   const int64_t small = lt::plan::predictPeak(parse(j, world, {"model.loss_chunk=256", "model.tiled_mlp=true",
                                                                 "zero_optimization.stage=3", "sequence_parallel_size=2",
                                                                 budgeted}),

@@ -208,7 +208,7 @@ TEST(ActivationCheckpointing, AutoKeepsWhatTheBudgetHolds) {
   j["model"]["hidden_size"] = 256;
   j["model"]["intermediate_size"] = 512;
   j["data"]["seq_len"] = 512;
-  j["train"]["memory_budget"] = "1GiB";
+  j["train"]["memory_budget"] = "1MiB";  // tight: decommitted, as a budget that binds runs
   auto cfg = lt::config::parseConfig(j, 1);
   const int64_t all = lt::plan::predictPeak(cfg, 1, 0).total(), none = lt::plan::predictPeak(cfg, 1, 4).total();
   ASSERT_LT(all, none);  // each kept graph costs memory
@@ -243,6 +243,35 @@ TEST(ActivationCheckpointing, AutoKeepsWhatTheBudgetHolds) {
   EXPECT_NE(lt::testing::errorOf([&] { lt::config::parseConfig(j, 1); })
                 .find("'activation_checkpointing' = \"some\" is not one of \"auto\", \"all\", \"none\""),
             std::string::npos);
+}
+
+// A budget twice the peak kept without decommit keeps freed spans for reuse (decommitted, a step
+// faults every page it frees in again); once the resident set passes kDecommitAtShare of the
+// budget's fit after a step (here a buffer the test holds), the run decommits from then on and
+// says so. A budget that binds decommits from the start.
+TEST(MemoryBudget, AGenerousBudgetKeepsFreedSpansUntilTheResidentSetNearsIt) {
+  if (lt::allocatorName() != "tcmalloc") GTEST_SKIP() << "decommit is tcmalloc's";
+  json j = lt::testing::tinyTrainConfig();
+  j["activation_checkpointing"] = "all";
+  j["train"]["memory_budget"] = "1MiB";
+  EXPECT_TRUE(lt::plan::decommitsFreedMemory(lt::config::parseConfig(j, 1), 1, 0));
+  j["train"]["memory_budget"] = 0;
+  const int64_t kept = lt::plan::predictPeak(lt::config::parseConfig(j, 1), 1, 0).total();
+  const int64_t budget = 3 * lt::plan::leastBudgetFitting(kept);
+  j["train"]["memory_budget"] = budget;
+  ASSERT_FALSE(lt::plan::decommitsFreedMemory(lt::config::parseConfig(j, 1), 1, 0));
+  lt::testing::runRanks(1, 1, [&](int, lt::comm::Groups& g) {
+    lt::train::Engine e(lt::config::parseConfig(j, 1), g);
+    e.step();
+    EXPECT_FALSE(lt::freedMemoryDecommitted());
+    const double over = lt::plan::kDecommitAtShare * lt::plan::fitBytes(budget) - lt::currentRssBytes();
+    auto held = at::ones({static_cast<int64_t>(std::max(0.0, over)) + (int64_t{64} << 20)}, at::kByte);
+    ::testing::internal::CaptureStdout();
+    e.step();
+    const std::string said = ::testing::internal::GetCapturedStdout();
+    EXPECT_TRUE(lt::freedMemoryDecommitted());
+    EXPECT_NE(said.find("freed memory goes back to the system from now on"), std::string::npos) << said;
+  });
 }
 
 // ---------------------------------------------------------------------------- stage-0 Adam

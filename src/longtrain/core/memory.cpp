@@ -84,6 +84,13 @@ int64_t allocatorFreeBytes() {
   return static_cast<int64_t>(v);
 }
 
+bool freedMemoryDecommitted() {
+  using GetProperty = int (*)(const char*, size_t*);
+  auto get = reinterpret_cast<GetProperty>(dlsym(RTLD_DEFAULT, "MallocExtension_GetNumericProperty"));
+  size_t v = 0;
+  return get && get("tcmalloc.aggressive_memory_decommit", &v) && v != 0;
+}
+
 bool decommitFreedMemory() {
   using SetProperty = int (*)(const char*, size_t);
   auto set = reinterpret_cast<SetProperty>(dlsym(RTLD_DEFAULT, "MallocExtension_SetNumericProperty"));

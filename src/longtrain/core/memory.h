@@ -20,6 +20,7 @@ int64_t allocatorFreeBytes();
 // requests split cannot pile up; a reallocation faults its pages in again. False under another
 // allocator.
 bool decommitFreedMemory();
+bool freedMemoryDecommitted();  // whether decommitFreedMemory has taken effect
 // Memory one of `localRanks` ranks on this host may use: the smaller of MemAvailable and
 // the cgroup's limit (v2 memory.max, v1 limit_in_bytes) less the cgroup's current use,
 // divided among the local ranks; -1 where /proc/meminfo cannot be read.

@@ -240,6 +240,7 @@ namespace {
 
 struct Prediction {
   MemoryBreakdown breakdown;
+  bool decommit = false;  // the run decommits freed spans (decommitsFreedMemory)
   double largeCount = 0;  // tensors at or above the mmap ceiling, over all phases
   int offloaded = 0;      // block inputs the program writes to disk
 };
@@ -487,7 +488,13 @@ Prediction predict(const config::Config& c, int world, int graphBlocks) {
   else phases.push_back(dataParallelStepPhase(t));
   for (auto& p : phases)  // kept from the first loss on: not yet at construction
     if (p.name != "ZeRO construction") p.acts.add(t.kept);
-  Prediction out = peakOf(phases, c.train.memoryBudget > 0);
+  // Decommit only where a budget is set and the peak kept without it is not well inside it.
+  Prediction out = peakOf(phases, false);
+  const double keepWithin = kKeepFreedShare * static_cast<double>(fitBytes(c.train.memoryBudget));
+  if (c.train.memoryBudget > 0 && static_cast<double>(out.breakdown.total()) > keepWithin) {
+    out = peakOf(phases, true);
+    out.decommit = allocatorName() == "tcmalloc";
+  }
   out.breakdown.offloaded = static_cast<int64_t>(offloaded * t.uD);
   return out;
 }
@@ -497,6 +504,10 @@ Prediction predict(const config::Config& c, int world, int graphBlocks) {
 MemoryBreakdown predictPeak(const config::Config& c, int world, int graphBlocks) {
   LT_ASSERT(graphBlocks >= 0 && graphBlocks <= c.model.layers);
   return predict(c, world, graphBlocks).breakdown;
+}
+
+bool decommitsFreedMemory(const config::Config& c, int world, int graphBlocks) {
+  return predict(c, world, graphBlocks).decommit;
 }
 
 int64_t memoryBudgetFor(const config::Config& c, int localRanks) {

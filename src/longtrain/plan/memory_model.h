@@ -72,6 +72,15 @@ inline int64_t leastBudgetFitting(int64_t peakBytes) {
 // full recompute does not fit: the run then goes ahead and may run out of memory).
 int graphBlocksFor(const config::Config& cfg, int world, int64_t budgetBytes);
 
+// Whether a run of `cfg` has tcmalloc decommit every span it frees (core/memory.h), and so whether
+// predictPeak and the time model count the run decommitted: only under a train.memory_budget, and
+// not where the peak predicted without decommit lies within kKeepFreedShare of the budget's fit.
+// Decommitted, a step faults in again every page it frees (the quick start ran 2.4x slower); kept,
+// spans can pile up over steps, so a run whose resident set passes kDecommitAtShare of the fit
+// after a step starts decommitting then (train/engine.cpp).
+constexpr double kKeepFreedShare = 0.5, kDecommitAtShare = 0.75;
+bool decommitsFreedMemory(const config::Config& cfg, int world, int graphBlocks);
+
 // The per-rank budget "auto" uses: train.memory_budget, else 90% of rankMemoryLimitBytes.
 int64_t memoryBudgetFor(const config::Config& cfg, int localRanks);
 

@@ -236,7 +236,7 @@ StepTime predictStepTime(const config::Config& c, const Placement& at, int graph
   // Under a budget tcmalloc decommits every freed span, so what a step writes faults in afresh:
   // half of what its pointwise passes and the loss stream (their outputs; measured with page-fault
   // counts on the e2e shapes: 93.5, 708 and 160 MiB a step against 91, 710 and 160 from this).
-  if (c.train.memoryBudget > 0) t.decommit = 0.5 * (pw + loss.bytes) * r.refaultSecondsPerByte;
+  if (decommitsFreedMemory(c, world, graphBlocks)) t.decommit = 0.5 * (pw + loss.bytes) * r.refaultSecondsPerByte;
   t.gemm *= accum;
   t.attention *= accum;
   t.pointwise *= accum;

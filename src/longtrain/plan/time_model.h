@@ -60,7 +60,7 @@ struct StepTime {
   double comm = 0;        // collectives not hidden behind compute
   double commHidden = 0;  // collectives the compute hides (not in total(): ranks ties)
   double disk = 0;        // activation offload not hidden behind compute
-  double decommit = 0;    // under train.memory_budget: re-faulting the pages freed tensors gave back
+  double decommit = 0;    // where the run decommits (plan::decommitsFreedMemory): re-faulting freed pages
   std::string modelled;   // "" or why the prediction is incomplete (an attention the model lacks)
   double total() const { return gemm + attention + pointwise + overhead + optimizer + comm + disk + decommit; }
 };

@@ -120,11 +120,6 @@ Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg
             "bf16.attention's choice and the model's rule (model::attentionInBf16) disagree");
   k.packedDocuments = cfg_.data.packing == config::Packing::Documents;
   plan_.memoryBudget = plan::memoryBudgetFor(cfg_, opts.localRanks > 0 ? opts.localRanks : groups_.world->size());
-  // A budget the user set binds the resident set: without decommit, spans a step frees and
-  // later requests split stay resident and pile up over steps (bench/max_seq_peer.json at 16,870
-  // tokens, 768 MiB: 773.8 then 822.3 MiB, tcmalloc's free bytes 237 then 286 MiB; with it
-  // 769.4, 769.7, 769.7 and 0 free). Process-wide: ranks that are threads share it.
-  if (cfg_.train.memoryBudget > 0) decommitFreedMemory();
   chooseTiling();  // before the model: it is built with the tiling
   // With init_from the weights come from its safetensors (loadInitialWeights, below).
   model_ = std::make_unique<model::Model>(plan_.model(cfg_.model), cfg_.seed, /*initialize=*/cfg_.model.initFrom.empty());
@@ -142,6 +137,15 @@ Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg
   if (!cfg_.model.initFrom.empty()) loadInitialWeights();
   plan_.graphBlocks = chooseGraphBlocks();
   agreeOnPlan(plan_, *groups_.world);
+  // A budget the user set binds the resident set: without decommit, spans a step frees and
+  // later requests split stay resident and pile up over steps (bench/max_seq_peer.json at 16,870
+  // tokens, 768 MiB: 773.8 then 822.3 MiB, tcmalloc's free bytes 237 then 286 MiB; with it
+  // 769.4, 769.7, 769.7 and 0 free). Unless the budget is generous (plan::decommitsFreedMemory;
+  // then keepWithinBudget watches). Process-wide: ranks that are threads share it.
+  if (plan::decommitsFreedMemory(plan_.applied(cfg_), groups_.world->size(), plan_.graphBlocks))
+    decommitFreedMemory();
+  else
+    watchResident_ = cfg_.train.memoryBudget > 0 && allocatorName() == "tcmalloc";
   buildProgram();
   buildExecutor();
 }
@@ -454,7 +458,22 @@ StepMetrics Engine::step() {
   }
   m.zero = lastZero_;
   m.stepTimeS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  keepWithinBudget();
   return m;
+}
+
+// A run that keeps freed spans (a generous budget) starts decommitting once its resident set
+// passes kDecommitAtShare of the budget's fit: spans piling up over steps stop there.
+void Engine::keepWithinBudget() {
+  if (!watchResident_) return;
+  const double rss = static_cast<double>(currentRssBytes()), fit = static_cast<double>(plan::fitBytes(cfg_.train.memoryBudget));
+  if (rss <= plan::kDecommitAtShare * fit) return;
+  watchResident_ = false;
+  if (decommitFreedMemory())
+    std::printf("longtrain: rank %d: resident %.0f MiB after step %lld passed %.0f%% of train.memory_budget's %.0f MiB "
+                "fit: freed memory goes back to the system from now on\n",
+                groups_.world->rank(), rss / 1048576.0, static_cast<long long>(step_), plan::kDecommitAtShare * 100,
+                fit / 1048576.0);
 }
 
 EvalMetrics Engine::evaluate() {

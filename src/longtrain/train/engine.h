@@ -120,6 +120,7 @@ class Engine : public ckpt::TrainState {
   data::Batch nextMicroBatch();  // with shift_labels; this rank's shard under SP
   void recompile(const std::vector<std::string>& passes, int64_t step);
   void optimizerStep();
+  void keepWithinBudget();  // after a step: decommit from now on if the resident set nears the budget
 
   const Config cfg_;  // as given: measured choices live in plan_
   config::RunPlan plan_;
@@ -141,6 +142,7 @@ class Engine : public ckpt::TrainState {
   std::unique_ptr<compile::Executor> exec_;
 
   int64_t step_ = 0;
+  bool watchResident_ = false;  // a budget whose run keeps freed spans: keepWithinBudget may decommit
   double lastGradNorm_ = 0, lastLr_ = 0;
 };
 

@@ -315,9 +315,12 @@ void printBanner(const Engine& engine, double gemmPeak, const std::string& peakS
               (long long)cfg.data.seqLen, (long long)cfg.train.steps);
   const int L = static_cast<int>(cfg.model.layers), k = engine.graphBlocks();
   std::printf("longtrain: activation_checkpointing \"%s\": %d of %d blocks keep their graph, %d recomputed "
-              "(budget %.0f MiB/rank, predicted peak %.0f MiB)\n",
+              "(budget %.0f MiB/rank, predicted peak %.0f MiB%s)\n",
               config::optionName(cfg.activationCheckpointing), k, L, L - k, engine.memoryBudget() / 1048576.0,
-              plan::predictPeak(engine.plan().applied(cfg), g.world->size(), k).total() / 1048576.0);
+              plan::predictPeak(engine.plan().applied(cfg), g.world->size(), k).total() / 1048576.0,
+              cfg.train.memoryBudget <= 0     ? ""
+              : freedMemoryDecommitted() ? "; freed memory goes back to the system"
+                                         : "; freed memory stays for reuse: the peak so is under half the budget");
   if (cfg.data.tokenFile() && cfg.data.evalFraction == 0 && engine.evalDataset())
     std::printf("longtrain: eval on %lld windows that training reads too (%s); data.eval_fraction holds the last "
                 "windows out instead\n",
