@@ -129,4 +129,17 @@ void ensureStartEnvironment(char** argv, bool shortOmpSpin) {
                core.c_str());
 }
 
+int64_t l2CacheBytes() {
+  const long n = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (n > 0) return n;
+  FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index2/size", "r");
+  if (!f) return 0;
+  long long v = 0;
+  char unit = 0;
+  const int got = std::fscanf(f, "%lld%c", &v, &unit);
+  std::fclose(f);
+  if (got < 1 || v <= 0) return 0;
+  return unit == 'M' ? v << 20 : unit == 'K' ? v << 10 : v;
+}
+
 }  // namespace lt

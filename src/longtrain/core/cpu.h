@@ -6,6 +6,7 @@
 // (a setenv from .preinit_array is too late: libc's constructor resets environ after it).
 // No libtorch here: this runs before anything touches a tensor.
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace lt {
@@ -18,6 +19,10 @@ struct CpuIsa {
   std::string name() const;  // "avx512", "avx2", or "baseline"
 };
 CpuIsa cpuIsa();
+
+// One core's L2 cache in bytes (sysconf, else /sys/devices/system/cpu/cpu0/cache/index2); 0 where
+// neither says.
+int64_t l2CacheBytes();
 
 // The kernel ("core") name OpenBLAS chose in this process, as openblas_get_corename reports
 // it ("SkylakeX", "Haswell", "Prescott", ...); "" when the BLAS is not OpenBLAS.

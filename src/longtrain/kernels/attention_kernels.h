@@ -14,6 +14,7 @@ namespace lt::kernels::attn_detail {
 // has its own (a row that sees no key gets a zero output and a log-sum-exp of -inf).
 struct Shape {
   int64_t B = 0, S = 0, Sk = 0, H = 0, KV = 0, D = 0, tile = 64, offset = 0;
+  bool bf16 = false;  // the avx512bf16 build's bf16 products (their packs need bigger panels)
   float scale = 1;
   int64_t tiles() const { return (S + tile - 1) / tile; }
 };

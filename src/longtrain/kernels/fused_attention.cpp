@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "longtrain/core/check.h"
+#include "longtrain/core/cpu.h"
 #include "longtrain/core/trace.h"
 #include "longtrain/kernels/attention_kernels.h"
 #include "longtrain/kernels/footprint.h"
@@ -27,9 +28,15 @@ using attn_detail::Shape;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// 5-8% faster than 64 and 20% faster than 32 (bench/attention on an Intel Xeon, model 167,
-// AVX-512, 2 threads).
-constexpr int64_t kDefaultTile = 128;
+// The tile edge where none is asked: 256 where a core's L2 holds the backward's two tile-square
+// buffers (P, dS: 8 x 256^2 bytes) twice over, else 128. On an Intel Xeon (model 167, 2 MiB L2,
+// AVX-512, 2 threads) 256 ran bench/e2e.sh's shapes 2.6-5.1% faster than 128 (long 3-4%, long16k
+// 5.1%, medium 3.7%, wide 2.6%; 384 and 512 slower), and 128 was 5-8% faster than 64 and 20%
+// faster than 32 before. 128 stays where the L2 is smaller or unknown (unmeasured there).
+int64_t defaultTile() {
+  static const int64_t tile = l2CacheBytes() >= 2 * 8 * 256 * 256 ? 256 : 128;
+  return tile;
+}
 
 struct Kernels {
   attn_detail::ForwardTask forward;
@@ -67,10 +74,10 @@ void runTasks(int64_t n, int64_t scratchFloats, const Task& task) {
   });
 }
 
-Shape shapeOf(const at::Tensor& q, const at::Tensor& k, int64_t tile, int64_t offset) {
+Shape shapeOf(const at::Tensor& q, const at::Tensor& k, int64_t tile, int64_t offset, bool bf16) {
   Shape s;
   s.B = q.size(0), s.S = q.size(1), s.Sk = k.size(1), s.H = q.size(2), s.KV = k.size(2), s.D = q.size(3);
-  s.tile = tile, s.offset = offset;
+  s.tile = tile, s.offset = offset, s.bf16 = bf16;
   s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.D)));
   return s;
 }
@@ -95,7 +102,7 @@ struct Launch {
 FusedAttentionResult runForward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Launch& l) {
   trace::Scope scope("kernel", "attention forward");
   at::NoGradGuard ng;
-  const Shape s = shapeOf(q, k, l.tile, l.offset);
+  const Shape s = shapeOf(q, k, l.tile, l.offset, l.bf16);
   FusedAttentionResult r{at::empty_like(q), at::empty({s.B, s.H, s.S}, q.options())};
   auto kt = transposed(k);
   attn_detail::Forward a;
@@ -129,7 +136,7 @@ FusedAttentionGrads runBackward(const at::Tensor& q, const at::Tensor& k, const 
                                 const FusedAttentionResult& fwd, const at::Tensor& doutIn, const Launch& l) {
   trace::Scope scope("kernel", "attention backward");
   at::NoGradGuard ng;
-  const Shape s = shapeOf(q, k, l.tile, l.offset);
+  const Shape s = shapeOf(q, k, l.tile, l.offset, l.bf16);
   auto dout = doutIn.contiguous();
   FusedAttentionGrads g{at::zeros_like(q), at::empty_like(k), at::empty_like(v)};
   auto kt = transposed(k), vt = transposed(v), delta = at::empty_like(fwd.lse);
@@ -169,9 +176,9 @@ const at::Tensor& noDocumentMask() {
 // A tile longer than the sequence is one tile: sized by it, not by model.attention_chunk
 // (whose scratch would otherwise be tile^2 floats).
 Launch launchFor(const at::Tensor& q, const FusedAttentionOptions& options) {
-  const int64_t asked = options.tile > 0 ? options.tile : kDefaultTile;
+  const int64_t asked = options.tile > 0 ? options.tile : defaultTile();
   return {options.documentStart.defined() ? options.documentStart.contiguous() : noDocumentMask(),
-          std::min(asked, std::max(q.size(1), kDefaultTile)), options.isa, options.bf16, options.queryOffset,
+          std::min(asked, std::max(q.size(1), defaultTile())), options.isa, options.bf16, options.queryOffset,
           options.backwardPlan};
 }
 
@@ -221,8 +228,9 @@ void checkInputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
 
 namespace attn_detail {
 int64_t panelFloats(const Shape& s) {
+  if (!s.bf16) return s.tile * s.D;  // fp32 packs only right operands: tile x D or D x tile
   const int64_t e = std::max(s.tile, s.D);
-  return e * (e + 16);  // >= e x e floats, and >= ceil(e / 2) x (e rounded up to 16) pairs
+  return e * (e + 16);  // >= ceil(e / 2) x (e rounded up to 16) pairs: a tile-square left operand too
 }
 int64_t forwardScratch(const Shape& s) { return s.tile * s.tile + s.tile * s.D + 2 * s.tile + 3 * panelFloats(s); }
 int64_t backwardScratch(const Shape& s) {

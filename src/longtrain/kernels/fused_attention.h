@@ -28,7 +28,7 @@ struct FusedAttentionOptions {
   // [B, S] int64: the first position row s may attend to (the start of its document), non-
   // decreasing along s and <= s. Undefined: plain causal attention.
   at::Tensor documentStart;
-  int64_t tile = 0;  // query and key tile edge; 0: the kernel's default (128)
+  int64_t tile = 0;  // query and key tile edge; 0: the kernel's default (256 or 128 by the L2 size)
   Isa isa = isaBest();  // Avx512Bf16 runs the Avx512 build unless bf16
   // Tile products on bf16-rounded operands with fp32 accumulation (vdpbf16ps; the softmax, the
   // saved log-sum-exp, the output and the gradients stay fp32): the model's attention under the
