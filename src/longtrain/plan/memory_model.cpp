@@ -507,7 +507,7 @@ MemoryBreakdown predictPeak(const config::Config& c, int world, int graphBlocks)
 }
 
 bool decommitsFreedMemory(const config::Config& c, int world, int graphBlocks) {
-  return predict(c, world, graphBlocks).decommit;
+  return c.train.memoryBudget > 0 && predict(c, world, graphBlocks).decommit;
 }
 
 int64_t memoryBudgetFor(const config::Config& c, int localRanks) {
