@@ -1,7 +1,9 @@
 // The machine's fast paths (issue "Step speed I"): the BLAS kernel check and its re-exec (with
 // train's OpenMP spin count), the kernel's numerics, MFU's FLOP count, activation checkpointing's
 // choice and its bit-identity with recompute (plain, SP, ZeRO-3 + SuperOffload), and stage 0's
-// CPU Adam (including the skipped step on a non-finite gradient).
+// CPU Adam (including the skipped step on a non-finite gradient), and when a memory budget
+// decommits freed memory.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -251,6 +253,11 @@ TEST(ActivationCheckpointing, AutoKeepsWhatTheBudgetHolds) {
 // says so. A budget that binds decommits from the start.
 TEST(MemoryBudget, AGenerousBudgetKeepsFreedSpansUntilTheResidentSetNearsIt) {
   if (lt::allocatorName() != "tcmalloc") GTEST_SKIP() << "decommit is tcmalloc's";
+  // Decommit is process-wide: an earlier test in this process under a budget that binds may
+  // have turned it on (ctest runs each test alone; a whole-binary run does not).
+  using SetProperty = int (*)(const char*, size_t);
+  auto set = reinterpret_cast<SetProperty>(dlsym(RTLD_DEFAULT, "MallocExtension_SetNumericProperty"));
+  ASSERT_TRUE(set && set("tcmalloc.aggressive_memory_decommit", 0));
   json j = lt::testing::tinyTrainConfig();
   j["activation_checkpointing"] = "all";
   j["train"]["memory_budget"] = "1MiB";
