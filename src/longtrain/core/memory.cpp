@@ -73,22 +73,27 @@ int64_t rankMemoryLimitBytes(int localRanks) {
   return avail / (localRanks > 0 ? localRanks : 1);
 }
 
-int64_t allocatorFreeBytes() {
-  // gperftools' C entry point, looked up: no link dependency on tcmalloc. Only the page heap's
-  // free pages: any later allocation can take them, while the size-class caches (central,
-  // transfer, per-thread) serve only their own small size and stay resident beside the tensors.
+namespace {
+// A tcmalloc numeric property through gperftools' C entry point, looked up: no link dependency
+// on tcmalloc. False under another allocator.
+bool tcmallocProperty(const char* name, size_t* value) {
   using GetProperty = int (*)(const char*, size_t*);
   auto get = reinterpret_cast<GetProperty>(dlsym(RTLD_DEFAULT, "MallocExtension_GetNumericProperty"));
+  return get && get(name, value);
+}
+}  // namespace
+
+int64_t allocatorFreeBytes() {
+  // Only the page heap's free pages: any later allocation can take them, while the size-class
+  // caches (central, transfer, per-thread) serve only their own small size and stay resident
+  // beside the tensors.
   size_t v = 0;
-  if (!get || !get("tcmalloc.pageheap_free_bytes", &v)) return -1;
-  return static_cast<int64_t>(v);
+  return tcmallocProperty("tcmalloc.pageheap_free_bytes", &v) ? static_cast<int64_t>(v) : -1;
 }
 
 bool freedMemoryDecommitted() {
-  using GetProperty = int (*)(const char*, size_t*);
-  auto get = reinterpret_cast<GetProperty>(dlsym(RTLD_DEFAULT, "MallocExtension_GetNumericProperty"));
   size_t v = 0;
-  return get && get("tcmalloc.aggressive_memory_decommit", &v) && v != 0;
+  return tcmallocProperty("tcmalloc.aggressive_memory_decommit", &v) && v != 0;
 }
 
 bool decommitFreedMemory() {

@@ -44,8 +44,9 @@ int64_t backwardScratch(const Shape& s);
 // One forward task: query tile `qTile` of head h in batch b (out rows and lse written).
 using ForwardTask = void (*)(const Forward& a, int64_t b, int64_t h, int64_t qTile, float* scratch);
 
-// The backward runs Delta on every (b, query head) first, then one of two plans whose tasks
-// touch disjoint memory, so they run in any order on any thread, with the same bits:
+// The backward runs Delta on every (b, query head) first (it takes no scratch), then one of two
+// plans whose tasks touch disjoint memory, so they run in any order on any thread, with the
+// same bits:
 // - KvHead (`head` a kv head): dq rows of its query heads, dk and dv rows of it, key tile by key
 //   tile. B x KV tasks: a thread per kv head.
 // - KeyTile (`head` a kv head, `tile` a key tile): its dk and dv rows; then QueryTile (`head` a

@@ -152,7 +152,7 @@ FusedAttentionGrads runBackward(const at::Tensor& q, const at::Tensor& k, const 
   const int64_t scratch = attn_detail::backwardScratch(s), keyTiles = (s.Sk + s.tile - 1) / s.tile;
   using attn_detail::BackwardPart;
   const auto run = [&](BackwardPart part, int64_t heads, int64_t tiles, bool lastTileFirst) {
-    runTasks(s.B * heads * tiles, scratch, [&](int64_t t, float* w) {
+    runTasks(s.B * heads * tiles, part == BackwardPart::Delta ? 0 : scratch, [&](int64_t t, float* w) {
       const int64_t bh = t % (s.B * heads), tile = lastTileFirst ? tiles - 1 - t / (s.B * heads) : t / (s.B * heads);
       kernel(a, part, bh / heads, bh % heads, tile, w);
     });
@@ -284,8 +284,8 @@ bool fusedAttentionBf16Supported() { return isaSupported(Isa::Avx512Bf16); }
 
 // Per rank the kernel runs on all S tokens of H/P heads and max(KV/P, 1) kv heads (P = 1: the
 // rank's own). It saves the log-sum-exp [B, H/P, S] beside its inputs and output; backward
-// allocates dq, dk, dv, the transposes kt, vt and the row terms delta; each thread's tiles are
-// kilobytes.
+// allocates dq, dk, dv, the transposes kt, vt and the row terms delta. Not counted: each
+// thread's scratch (backwardScratch: 640 KiB at tile 256 and head dim 16 in fp32).
 Footprint fusedAttentionFootprint(const StepShape& s, bool ownsInputs) {
   const double q = s.batch * s.seq * (s.heads / s.sp) * s.headDim * 4;
   const double kv = s.batch * s.seq * std::max(s.kvHeads / s.sp, 1.0) * s.headDim * 4;
