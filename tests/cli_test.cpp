@@ -144,6 +144,14 @@ TEST(Cli, KilledRankFailsTheJobNamingIt) {
   EXPECT_NE(r.out.find("rank 1 (of 3) was killed by signal 9"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("lost rank(s): 1"), std::string::npos) << r.out;
   EXPECT_LT(r.seconds, 5 + 30);  // within the collective timeout (5 s) plus start-up
+  // Two ranks die: the launcher names both, the second as dying after the first, since a rank
+  // killed by a signal cannot say so itself.
+  auto two = sh("env LONGTRAIN_FAULT_KILL_RANK=1,2 LONGTRAIN_FAULT_KILL_STEP=2 " + kBin + " train " + cfg.string() +
+                " --nproc 3");
+  EXPECT_NE(two.code, 0);
+  const bool oneFirst = two.out.find("rank 1 (of 3) was killed by signal 9") != std::string::npos;
+  EXPECT_NE(two.out.find(oneFirst ? "rank 2 (of 3) then was killed by signal 9" : "rank 1 (of 3) then was killed by signal 9"),
+            std::string::npos) << two.out;
 }
 
 // ---------------------------------------------------------------------------- checkpoints

@@ -1,6 +1,9 @@
 // comm/: collectives on 2, 3 and 4 thread-ranks against closed-form expectations, and a
 // lost peer turning into an error that names it, within the timeout.
+#include <signal.h>
+
 #include <chrono>
+#include <thread>
 
 #include "longtrain/comm/binding.h"
 #include "longtrain/core/check.h"
@@ -222,6 +225,39 @@ TEST(Fault, LostPeerIsAnErrorNamingIt) {
   }
 }
 
+
+// A rank that writes to a peer that died gets an error, not SIGPIPE: Gloo writes with writev,
+// which raises SIGPIPE on a socket whose peer reset it, and that would end the rank without a
+// word. Rank 1 leaves; rank 0 sends 32 MiB more. Whether a write or a read meets the reset first
+// is the kernel's timing (here the read, mostly), so the test also checks that SIGPIPE is ignored.
+TEST(Fault, AWriteToADeadPeerIsAnErrorNotASignal) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::string error;
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r) {
+    ts.emplace_back([&, r] {
+      lt::comm::Options o;
+      o.timeout = std::chrono::milliseconds(3000);
+      auto g = lt::comm::makeGroups(store, r, 2, 1, o);
+      auto t = at::ones({8 << 20});
+      g.world->allReduce(t).wait();
+      if (r == 1) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      for (int i = 0; i < 4 && error.empty(); ++i) {
+        try {
+          g.world->allReduce(t).wait();
+        } catch (const lt::Error& e) {
+          error = e.what();
+        }
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_NE(error.find("lost rank(s): 1"), std::string::npos) << error;
+  struct sigaction now {};
+  ::sigaction(SIGPIPE, nullptr, &now);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);  // so the next write to a dead peer is an error too
+}
 }  // namespace
 
 // Gloo's binding (torchrun's rules): GLOO_SOCKET_IFNAME wins, else the route to MASTER_ADDR.

@@ -7,8 +7,10 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 
 #include "longtrain/cli/command.h"
 #include "longtrain/ckpt/checkpoint.h"
@@ -80,14 +82,24 @@ int launchRanks(const std::vector<std::string>& args, const TrainFlags& fl, cons
   return comm::launch(args, lo);
 }
 
+// LONGTRAIN_FAULT_KILL_RANK: one rank, or several ("1,2").
+std::vector<int> faultKillRanks() {
+  std::vector<int> ranks;
+  const char* v = std::getenv("LONGTRAIN_FAULT_KILL_RANK");
+  std::istringstream in(v ? v : "");
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) ranks.push_back(std::atoi(item.c_str()));
+  return ranks;
+}
+
 // Fault injection (tests) fires on the first attempt only, so a restarted job can finish.
 void addFaultHooks(train::TrainOptions& to, int rank) {
-  to.faultKillRank = comm::envInt("LONGTRAIN_FAULT_KILL_RANK", -1);
+  to.faultKillRanks = faultKillRanks();
   to.faultKillStep = comm::envInt("LONGTRAIN_FAULT_KILL_STEP", -1);
   const char* stage = std::getenv("LONGTRAIN_FAULT_CKPT_STAGE");
   if (!stage || !*stage) return;
   // This rank dies at that stage of its n-th save (LONGTRAIN_FAULT_CKPT_SAVE, default 1).
-  const bool me = comm::envInt("LONGTRAIN_FAULT_KILL_RANK", 0) == rank;
+  const bool me = to.faultKillRanks.empty() ? rank == 0 : std::count(to.faultKillRanks.begin(), to.faultKillRanks.end(), rank) > 0;
   const int nth = comm::envInt("LONGTRAIN_FAULT_CKPT_SAVE", 1);
   to.checkpointHook = [st = std::string(stage), me, nth, saves = 0](const std::string& s) mutable {
     if (s == "rank_file_fsynced") ++saves;  // the first stage of every save, on every rank

@@ -8,6 +8,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
@@ -168,6 +170,14 @@ bool Work::ready() const {
 }
 
 // ---------------------------------------------------------------------------- Comm
+// Gloo writes with writev, and a write to a socket whose peer died raises SIGPIPE, which would
+// end this rank without a word. Ignored, the write fails (EPIPE) and the collective reports the
+// lost rank. A handler the program installed itself is left alone.
+static void ignoreBrokenPipes() {
+  struct sigaction now {};
+  if (::sigaction(SIGPIPE, nullptr, &now) == 0 && now.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+}
+
 Comm::Comm(c10::intrusive_ptr<c10d::Store> store, int rank, int size, Options opts, std::string name,
            std::vector<int> globalRanks, std::shared_ptr<Liveness> liveness)
     : rank_(rank), size_(size), opts_(std::move(opts)), name_(std::move(name)),
@@ -176,6 +186,7 @@ Comm::Comm(c10::intrusive_ptr<c10d::Store> store, int rank, int size, Options op
   if (globalRanks_.empty())
     for (int r = 0; r < size; ++r) globalRanks_.push_back(r);
   LT_ASSERT((int)globalRanks_.size() == size);
+  ignoreBrokenPipes();
   auto o = c10d::ProcessGroupGloo::Options::create(opts_.timeout);
   if (opts_.interfaces.empty())
     o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(opts_.hostname));

@@ -582,7 +582,9 @@ struct Attempt {
   std::vector<pid_t> pids;  // by local rank; -1 once reaped
   int alive = 0;
   std::string firstFailure;  // this node's, or the one another node reported
+  std::string laterDeaths;   // "; rank 0 (of 2) was killed by signal 11 (...)": not by us
   bool failed = false;
+  bool killedByUs = false;
   int stopSignal = 0;  // a rank exited 128 + SIGTERM/SIGINT
 };
 
@@ -637,6 +639,7 @@ Attempt spawn(const std::vector<std::string>& argv, const LaunchOptions& o, int 
 }
 
 void killAll(Attempt& at, int sig) {
+  at.killedByUs = true;
   for (pid_t p : at.pids)
     if (p > 0) ::kill(p, sig);
 }
@@ -676,6 +679,9 @@ void supervise(Attempt& at, const LaunchOptions& o, NodeStore* nodes, int attemp
         if (isStopCode(status)) at.stopSignal = WEXITSTATUS(status) - 128;
         else if (!ok) {
           const bool first = !at.failed;
+          // A rank that crashes after the first failure is named too: its own message is lost.
+          if (!first && WIFSIGNALED(status) && !at.killedByUs)
+            at.laterDeaths += "; " + rankName(o, r) + " then " + describeExitStatus(status);
           fail(rankName(o, r) + " " + describeExitStatus(status));
           if (first && nodes) nodes->reportFailure(attempt, at.firstFailure);
         }
@@ -722,6 +728,7 @@ int runAttempt(const std::vector<std::string>& argv, const LaunchOptions& o, Nod
   supervise(at, o, nodes, attempt);
   std::error_code ec;
   if (!storeFile.empty()) fs::remove(storeFile, ec);
+  at.firstFailure += at.laterDeaths;
   std::string outcome = outcomeOf(at);
   if (nodes) {  // the job's outcome is every node's: one failed node fails (or restarts) all
     std::string lostNodes;

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -502,7 +503,8 @@ TrainSummary runTraining(const Config& cfg, comm::Groups groups, const TrainOpti
   Sampler sampler(cfg);
   LongEvaluator longEval(cfg);
   for (int64_t s = engine.globalStep(); s < cfg.train.steps; ++s) {
-    if (opts.faultKillRank == groups.world->rank() && opts.faultKillStep == s) ::raise(SIGKILL);
+    if (opts.faultKillStep == s && std::count(opts.faultKillRanks.begin(), opts.faultKillRanks.end(), groups.world->rank()))
+      ::raise(SIGKILL);
     StepMetrics m;
     {
       trace::Scope ts("step", "step " + std::to_string(s + 1));

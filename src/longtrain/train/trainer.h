@@ -4,6 +4,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "longtrain/comm/comm.h"
 #include "longtrain/train/engine.h"
@@ -14,7 +15,7 @@ struct TrainOptions {
   std::string metricsPath;  // empty: no JSONL
   std::string tracePath;    // empty: no trace; else Chrome trace-event JSON of every rank (rank 0 writes)
   bool printProgram = false;
-  int faultKillRank = -1;   // testing hook: this world rank SIGKILLs itself ...
+  std::vector<int> faultKillRanks;  // testing hook: these world ranks SIGKILL themselves ...
   int64_t faultKillStep = -1;  // ... when it reaches this step
   // Resume from this checkpoint (a step directory, or a root: its newest complete one).
   std::string resume;
