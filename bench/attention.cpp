@@ -1,5 +1,6 @@
-// bench/attention: causal attention forward + backward at the long shape (seq 4096, 8 query heads,
-// 4 kv heads, head dim 16; and head dim 32, 64 at seq 2048) for naive ATen attention, today's chunked
+// bench/attention: causal attention forward + backward (the fused forward also alone) at the long
+// shape (seq 4096, 8 query heads, 4 kv heads, head dim 16; and head dim 32, 64 at seq 2048) for
+// naive ATen attention, today's chunked
 // path (tile 256), and the fused kernel per ISA this CPU runs (and its bf16 products where the CPU
 // has AVX512_BF16), each in GFLOP/s of causal-attention model FLOPs (6 S^2 D per head: six
 // products of 2 S^2 D FLOPs, QK^T and PV forward and four backward, halved by the mask; the
@@ -105,7 +106,19 @@ void backwardPlan(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(lt::kernels::fusedAttentionBackward(q, k, v, fwd, dout, o));
 }
 
+// The forward alone (the best ISA's fp32 build), at the fused rows' shapes: no check here, the
+// fused rows check the same kernel.
+void forwardOnly(benchmark::State& state) {
+  const int64_t S = state.range(0), D = state.range(1);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  auto q = at::randn({1, S, 8, D}, gen), k = at::randn({1, S, 4, D}, gen), v = at::randn({1, S, 4, D}, gen);
+  for (auto _ : state) benchmark::DoNotOptimize(lt::kernels::fusedAttentionForward(q, k, v));
+}
+
 void registerAll() {
+  auto* fwd = benchmark::RegisterBenchmark("forward", forwardOnly);
+  for (auto [S, D] : {std::pair<int64_t, int64_t>{4096, 16}, {2048, 64}}) fwd->Args({S, D});
+  fwd->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
   for (int64_t kv : {1, 2, 4})
     for (auto plan : {lt::kernels::BackwardPlan::PerKvHead, lt::kernels::BackwardPlan::PerTile})
       benchmark::RegisterBenchmark(plan == lt::kernels::BackwardPlan::PerTile ? "backward_per_tile" : "backward_per_kv_head",

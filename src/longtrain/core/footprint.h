@@ -51,6 +51,9 @@ struct StepShape {
   double intermediate = 0;  // F
   double vocab = 0;         // V
   double attentionTile = 256;  // the chunked attention's tile (model.attention_chunk, 0: 256)
+  double attentionChunk = 0;   // model.attention_chunk as given (0: the fused kernel's own tile)
+  bool attentionBf16 = false;  // the fused attention's tile products in bf16
+  double threads = 1;          // intra-op threads a rank runs (each with a kernel's scratch)
   double lossTile = 0;      // tokens per sequence in one loss tile (Executor::lossTile)
   // One fp32 tensor of [B, S/P, n] (units the model paths count in).
   double rows(double n) const { return batch * tokens * n * 4; }

@@ -35,8 +35,12 @@ struct Backward {
   float* delta = nullptr;                             // [B, H, S]: BackwardPart::Delta's rows
 };
 
+// Rows of a band, the unit the tile products skip masked blocks by and the forward runs its
+// softmax by (attention_kernels.inc): a forward task's scores are kBand x tile.
+constexpr int64_t kBand = 16;
+
 // Floats of scratch one worker needs for each kind of task; and for one packed tile operand
-// (fp32, or bf16 pairs), of which a forward task uses 3 and a backward task 6.
+// (fp32, or bf16 pairs), of which a forward task uses 4 and a backward task 6.
 int64_t panelFloats(const Shape& s);
 int64_t forwardScratch(const Shape& s);
 int64_t backwardScratch(const Shape& s);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <iterator>
+#include <memory>
 #include <cmath>
 #include <vector>
 
@@ -63,14 +64,15 @@ Kernels kernelsFor(Isa isa, bool bf16) {
   return {attn_detail::forwardTask_baseline, attn_detail::backwardTask_baseline};
 }
 
-// Runs task(t, scratch) for t in [0, n) on ATen's intra-op threads, each with its own scratch.
+// Runs task(t, scratch) for t in [0, n) on ATen's intra-op threads, each with its own scratch,
+// left unset: every task writes what it reads.
 template <class Task>
 void runTasks(int64_t n, int64_t scratchFloats, const Task& task) {
   std::atomic<int64_t> next{0};
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, at::get_num_threads()));
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    std::vector<float> scratch(static_cast<size_t>(scratchFloats));
-    for (int64_t t; (t = next.fetch_add(1)) < n;) task(t, scratch.data());
+    const std::unique_ptr<float[]> scratch(new float[static_cast<size_t>(scratchFloats)]);
+    for (int64_t t; (t = next.fetch_add(1)) < n;) task(t, scratch.get());
   });
 }
 
@@ -173,12 +175,17 @@ const at::Tensor& noDocumentMask() {
   return none;
 }
 
-// A tile longer than the sequence is one tile: sized by it, not by model.attention_chunk
-// (whose scratch would otherwise be tile^2 floats).
-Launch launchFor(const at::Tensor& q, const FusedAttentionOptions& options) {
-  const int64_t asked = options.tile > 0 ? options.tile : defaultTile();
+// A tile longer than the queries and keys is one tile either way: sized by them (rounded up to
+// whole cache lines), not by the default or model.attention_chunk, as its scratch is tile^2
+// floats a thread. The quick start's 128 tokens take a quarter of a 256 tile's.
+int64_t tileFor(int64_t asked, int64_t queries, int64_t keys) {
+  const int64_t longest = (std::max(queries, keys) + 15) / 16 * 16;
+  return std::min(asked > 0 ? asked : defaultTile(), longest);
+}
+
+Launch launchFor(const at::Tensor& q, const at::Tensor& k, const FusedAttentionOptions& options) {
   return {options.documentStart.defined() ? options.documentStart.contiguous() : noDocumentMask(),
-          std::min(asked, std::max(q.size(1), defaultTile())), options.isa, options.bf16, options.queryOffset,
+          tileFor(options.tile, q.size(1), k.size(1)), options.isa, options.bf16, options.queryOffset,
           options.backwardPlan};
 }
 
@@ -194,7 +201,7 @@ struct FusedAttentionFn : torch::autograd::Function<FusedAttentionFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     auto g = runBackward(saved[0], saved[1], saved[2], {saved[3], saved[4]}, grads[0],
-                         launchFor(saved[0], savedOptions(ctx)));
+                         launchFor(saved[0], saved[1], savedOptions(ctx)));
     return {g.dq, g.dk, g.dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -232,7 +239,7 @@ int64_t panelFloats(const Shape& s) {
   const int64_t e = std::max(s.tile, s.D);
   return e * (e + 16);  // >= ceil(e / 2) x (e rounded up to 16) pairs: a tile-square left operand too
 }
-int64_t forwardScratch(const Shape& s) { return s.tile * s.tile + s.tile * s.D + 2 * s.tile + 3 * panelFloats(s); }
+int64_t forwardScratch(const Shape& s) { return attn_detail::kBand * s.tile + s.tile * s.D + 2 * s.tile + 4 * panelFloats(s); }
 int64_t backwardScratch(const Shape& s) {
   return 2 * s.tile * s.tile + 2 * s.tile * s.D + 6 * panelFloats(s);
 }
@@ -241,7 +248,7 @@ int64_t backwardScratch(const Shape& s) {
 at::Tensor fusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const FusedAttentionOptions& options) {
   checkInputs(q, k, v, options.documentStart, options.queryOffset);
-  const Launch l = launchFor(q, options);
+  const Launch l = launchFor(q, k, options);
   return FusedAttentionFn::apply(q.contiguous(), k.contiguous(), v.contiguous(), l.start, l.tile,
                                  static_cast<int64_t>(l.isa), l.bf16, l.offset);
 }
@@ -249,7 +256,7 @@ at::Tensor fusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Te
 FusedAttentionResult fusedAttentionForward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            const FusedAttentionOptions& options) {
   checkInputs(q, k, v, options.documentStart, options.queryOffset);
-  return runForward(q.contiguous(), k.contiguous(), v.contiguous(), launchFor(q, options));
+  return runForward(q.contiguous(), k.contiguous(), v.contiguous(), launchFor(q, k, options));
 }
 
 FusedAttentionGrads fusedAttentionBackward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -258,7 +265,7 @@ FusedAttentionGrads fusedAttentionBackward(const at::Tensor& q, const at::Tensor
   LT_CHECK(forward.out.sizes() == q.sizes() && dout.sizes() == q.sizes() && forward.out.is_contiguous() &&
                forward.lse.is_contiguous() && forward.lse.numel() == q.size(0) * q.size(2) * q.size(1),
            "fused attention backward: out, lse and dout must be fusedAttentionForward's for q ", q.sizes());
-  return runBackward(q.contiguous(), k.contiguous(), v.contiguous(), forward, dout, launchFor(q, options));
+  return runBackward(q.contiguous(), k.contiguous(), v.contiguous(), forward, dout, launchFor(q, k, options));
 }
 
 void saveOptions(AutogradContext* ctx, const at::Tensor& start, int64_t tile, Isa isa, bool bf16, int64_t offset) {
@@ -284,9 +291,14 @@ bool fusedAttentionBf16Supported() { return isaSupported(Isa::Avx512Bf16); }
 
 // Per rank the kernel runs on all S tokens of H/P heads and max(KV/P, 1) kv heads (P = 1: the
 // rank's own). It saves the log-sum-exp [B, H/P, S] beside its inputs and output; backward
-// allocates dq, dk, dv, the transposes kt, vt and the row terms delta. Not counted: each
-// thread's scratch (backwardScratch: 640 KiB at tile 256 and head dim 16 in fp32).
+// allocates dq, dk, dv, the transposes kt, vt and the row terms delta, and each thread its
+// scratch for the call (640 KiB at tile 256 and head dim 16 in fp32; ~2.3 MiB in bf16).
 Footprint fusedAttentionFootprint(const StepShape& s, bool ownsInputs) {
+  Shape k;
+  k.tile = tileFor(static_cast<int64_t>(s.attentionChunk), static_cast<int64_t>(s.seq), static_cast<int64_t>(s.seq));
+  k.D = static_cast<int64_t>(s.headDim);
+  k.bf16 = s.attentionBf16;
+  const double perThread = 4.0 * std::max(attn_detail::forwardScratch(k), attn_detail::backwardScratch(k));
   const double q = s.batch * s.seq * (s.heads / s.sp) * s.headDim * 4;
   const double kv = s.batch * s.seq * std::max(s.kvHeads / s.sp, 1.0) * s.headDim * 4;
   Footprint f;
@@ -298,6 +310,7 @@ Footprint fusedAttentionFootprint(const StepShape& s, bool ownsInputs) {
   f.work.add(1, q);
   f.work.add(4, kv);
   f.work.add(1, s.batch * (s.heads / s.sp) * s.seq * 4);  // backward's delta, beside the lse
+  f.scratch.add(s.threads, perThread);
   return f;
 }
 

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <set>
+#include <thread>
 
 #include "longtrain/compile/footprint.h"
 #include "longtrain/compile/passes.h"
@@ -20,6 +21,7 @@
 #include "longtrain/core/memory.h"
 #include "longtrain/core/strings.h"
 #include "longtrain/model/footprint.h"
+#include "longtrain/model/model.h"
 #include "longtrain/offload/footprint.h"
 #include "longtrain/sp/footprint.h"
 #include "longtrain/zero/footprint.h"
@@ -192,6 +194,10 @@ StepShape stepShapeOf(const config::Config& c) {
   s.intermediate = static_cast<double>(m.intermediate);
   s.vocab = static_cast<double>(m.vocabSize);
   s.attentionTile = static_cast<double>(m.attentionChunk > 0 ? m.attentionChunk : 256);
+  s.attentionChunk = static_cast<double>(m.attentionChunk);
+  s.attentionBf16 = model::attentionInBf16(m);
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());  // as comm::setUpThreads
+  s.threads = c.train.threads > 0 ? c.train.threads : std::max(1, cores / std::max(1, c.train.nproc));
   s.lossTile = m.lossChunk > 0 ? std::min<double>(static_cast<double>(m.lossChunk), s.tokens) : s.tokens;
   return s;
 }
