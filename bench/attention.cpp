@@ -1,14 +1,13 @@
 // bench/attention: causal attention forward + backward (the fused forward also alone) at the long
 // shape (seq 4096, 8 query heads, 4 kv heads, head dim 16; and head dim 32, 64 at seq 2048) for
-// naive ATen attention, today's chunked
-// path (tile 256), and the fused kernel per ISA this CPU runs (and its bf16 products where the CPU
-// has AVX512_BF16), each in GFLOP/s of causal-attention model FLOPs (6 S^2 D per head: six
-// products of 2 S^2 D FLOPs, QK^T and PV forward and four backward, halved by the mask; the
-// recomputed QK^T is not counted) and as % of the fp32 GEMM peak of the model's fastest fp32
-// route (oneDNN's sgemm or the BLAS), measured first in the same binary. Each fused row first
-// checks its output and gradients against the naive path (relative 1e-5; the bf16 row 2e-2,
-// tests/testing.h's kBf16Attention) and aborts the bench if not. The fused_window512 row is
-// Mistral's sliding window W = 512 (checked against naive with that window): its GFLOP/s count
+// naive ATen attention, today's chunked path (tile 256), and the fused kernel per ISA this CPU runs
+// (and its bf16 products where the CPU has AVX512_BF16), each in GFLOP/s of causal-attention model
+// FLOPs (6 S^2 D per head: six products of 2 S^2 D FLOPs, QK^T and PV forward and four backward,
+// halved by the mask; the recomputed QK^T is not counted) and as % of the fp32 GEMM peak of the
+// model's fastest fp32 route (oneDNN's sgemm or the BLAS), measured first in the same binary. Each
+// fused row first checks its output and gradients against the naive path (relative 1e-5; the bf16
+// row 2e-2, tests/testing.h's kBf16Attention) and aborts the bench if not. The fused_window512 row
+// is Mistral's sliding window W = 512 (checked against naive with that window): its GFLOP/s count
 // the causal FLOPs, so its rate over the causal row's is the time the skipped tiles save.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

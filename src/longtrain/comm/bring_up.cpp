@@ -13,6 +13,7 @@
 
 #include "longtrain/comm/binding.h"
 #include "longtrain/comm/identity.h"
+#include "longtrain/core/cpu.h"
 
 namespace lt::comm {
 
@@ -59,7 +60,7 @@ int envInt(const char* name, int fallback) {
 
 std::vector<int> setUpThreads(int threads, int localRank, int localSize) {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  const int n = threads > 0 ? threads : std::max(1, cores / std::max(1, localSize));
+  const int n = threadsPerRank(threads, localSize);
   at::set_num_threads(n);
   at::set_num_interop_threads(1);
   std::vector<int> cpus;

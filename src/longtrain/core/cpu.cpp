@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -127,6 +128,12 @@ void ensureStartEnvironment(char** argv, bool shortOmpSpin) {
   ::unsetenv(kReexecMarker);
   std::fprintf(stderr, "longtrain: could not re-execute (%s); BLAS stays on %s\n", std::strerror(errno),
                core.c_str());
+}
+
+int threadsPerRank(int asked, int localRanks) {
+  if (asked > 0) return asked;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, cores / std::max(1, localRanks));
 }
 
 int64_t l2CacheBytes() {

@@ -20,6 +20,10 @@ struct CpuIsa {
 };
 CpuIsa cpuIsa();
 
+// Intra-op threads a rank runs: `asked` (train.threads) if positive, else this machine's cores
+// shared among its `localRanks` ranks (at least 1).
+int threadsPerRank(int asked, int localRanks);
+
 // One core's L2 cache in bytes (sysconf, else /sys/devices/system/cpu/cpu0/cache/index2); 0 where
 // neither says.
 int64_t l2CacheBytes();

@@ -36,7 +36,8 @@ struct Backward {
 };
 
 // Rows of a band, the unit the tile products skip masked blocks by and the forward runs its
-// softmax by (attention_kernels.inc): a forward task's scores are kBand x tile.
+// softmax by (attention_kernels.inc): a forward task's scores are kBand x tile. Whole
+// micro-tiles under AVX-512 (16 x 1, 8 x 2); 8 x 1 and 6 + 6 + 4 x 2 else.
 constexpr int64_t kBand = 16;
 
 // Floats of scratch one worker needs for each kind of task; and for one packed tile operand

@@ -11,13 +11,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <set>
-#include <thread>
 
 #include "longtrain/compile/footprint.h"
 #include "longtrain/compile/passes.h"
 #include "longtrain/compile/schedule.h"
 #include "longtrain/config/validate.h"
 #include "longtrain/core/check.h"
+#include "longtrain/core/cpu.h"
 #include "longtrain/core/memory.h"
 #include "longtrain/core/strings.h"
 #include "longtrain/model/footprint.h"
@@ -196,8 +196,7 @@ StepShape stepShapeOf(const config::Config& c) {
   s.attentionTile = static_cast<double>(m.attentionChunk > 0 ? m.attentionChunk : 256);
   s.attentionChunk = static_cast<double>(m.attentionChunk);
   s.attentionBf16 = model::attentionInBf16(m);
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());  // as comm::setUpThreads
-  s.threads = c.train.threads > 0 ? c.train.threads : std::max(1, cores / std::max(1, c.train.nproc));
+  s.threads = threadsPerRank(c.train.threads, c.train.nproc);
   s.lossTile = m.lossChunk > 0 ? std::min<double>(static_cast<double>(m.lossChunk), s.tokens) : s.tokens;
   return s;
 }
