@@ -140,6 +140,27 @@ void toBf16(Isa isa, bool inPlace) {
   EXPECT_EQ(wrong, 0);
 }
 
+// --- The polynomial exps (the sigmoid's vexp, the attention softmax's vexp2) against libm's in
+// double, in units in the last place of the exact value: 2^21 evenly spaced points over each
+// one's range (every binade from the smallest normal result up), and below it the clamp.
+void exps(Isa isa, bool base2) {
+  const double lo = base2 ? -125.0 : -87.0, hi = base2 ? 126.0 : 88.0;
+  const auto x = at::linspace(lo, hi, 1 << 21, at::kDouble).to(at::kFloat);
+  const auto got = base2 ? lt::kernels::kernelExp2(x, isa) : lt::kernels::kernelExp(x, isa);
+  const float *xp = x.data_ptr<float>(), *g = got.data_ptr<float>();
+  double worst = 0, worstAt = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double exact = base2 ? std::exp2(static_cast<double>(xp[i])) : std::exp(static_cast<double>(xp[i]));
+    const double ulps = std::fabs(g[i] - exact) / std::ldexp(1.0, std::ilogb(exact) - 23);
+    if (ulps > worst) worst = ulps, worstAt = xp[i];
+  }
+  EXPECT_LE(worst, Tol::kPolynomialExpUlps) << "at x = " << worstAt;
+  // Below the range: the clamp's value, a normal float (2^-125, exp(-87)), never 0 or a NaN.
+  const auto tail = (base2 ? lt::kernels::kernelExp2 : lt::kernels::kernelExp)(at::full({3}, -1000.0f), isa);
+  const double want = base2 ? std::exp2(-125.0) : std::exp(-87.0);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(tail[i].item<float>(), want, want * 1e-6);
+}
+
 // --- CPU Adam against torch::optim::AdamW: 10 steps, sizes with and without vector tails.
 struct AdamState {
   at::Tensor p, m, v;
@@ -217,6 +238,8 @@ const std::vector<Op>& ops() {
       {"rope_backward", [](Isa i) { rope(i, true); }, kEvery},
       {"to_bf16", [](Isa i) { toBf16(i, false); }, kEvery},
       {"to_bf16_in_place", [](Isa i) { toBf16(i, true); }, kEvery},
+      {"exp", [](Isa i) { exps(i, false); }, kEvery},
+      {"exp2", [](Isa i) { exps(i, true); }, kEvery},
       {"adam", [](Isa i) { adam(i, false); }, kEvery},
       {"adam_bf16_copy", [](Isa i) { adam(i, true); }, kEvery},
   };

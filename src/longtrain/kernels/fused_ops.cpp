@@ -227,6 +227,23 @@ at::Tensor toBf16InPlace(const at::Tensor& x, Isa isa) {
   return x.view(at::kBFloat16).reshape({-1}).narrow(0, 0, n).view(x.sizes());
 }
 
+namespace {
+at::Tensor elementwise(const at::Tensor& x, void (*f)(const float*, float*, int64_t), const char* what) {
+  LT_CHECK(x.scalar_type() == at::kFloat, what, ": fp32 expected, got ", x.scalar_type());
+  const auto xc = x.contiguous();
+  auto y = at::empty_like(xc);
+  f(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel());
+  return y;
+}
+}  // namespace
+
+at::Tensor kernelExp(const at::Tensor& x, Isa isa) {
+  return elementwise(x, kernelsFor(static_cast<int64_t>(isa)).exp, "kernelExp");
+}
+at::Tensor kernelExp2(const at::Tensor& x, Isa isa) {
+  return elementwise(x, kernelsFor(static_cast<int64_t>(isa)).exp2, "kernelExp2");
+}
+
 double sumOfSquares(const at::Tensor& x) {
   LT_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "sumOfSquares: expected a contiguous fp32 tensor, got ",
            x.scalar_type(), x.is_contiguous() ? "" : " (not contiguous)");

@@ -37,6 +37,12 @@ at::Tensor toBf16(const at::Tensor& x, Isa isa = isaBest());
 // (the fused LM head's logits gradient). Parallel in waves that never write what is unread.
 at::Tensor toBf16InPlace(const at::Tensor& x, Isa isa = isaBest());
 
+// exp(x) and 2^x elementwise by the kernels' own polynomials (the sigmoid's and the attention
+// softmax's), contiguous fp32 in and out: for their accuracy tests. exp clamps x to [-87, 88],
+// exp2 to [-125, 127].
+at::Tensor kernelExp(const at::Tensor& x, Isa isa = isaBest());
+at::Tensor kernelExp2(const at::Tensor& x, Isa isa = isaBest());
+
 // sum(x^2) in float64 for a contiguous fp32 x, in one pass that allocates nothing (a float's
 // square is exact in a double). Fixed blocks are summed in order: the same bits at any thread count.
 double sumOfSquares(const at::Tensor& x);

@@ -26,6 +26,11 @@ struct Kernels {
                int64_t H, int64_t half, float sign);
   // y = bf16 bits of x, rounded to nearest even, NaN -> 0x7FC0: c10::BFloat16's rounding exactly.
   void (*toBf16)(const float* x, uint16_t* y, int64_t n);
+  // y = exp(x) and y = 2^x by simd.inc's vexp and vexp2: the sigmoid's and the attention
+  // softmax's exps (the attention builds compile the same code with the same flags), reachable
+  // here so their accuracy is tested per build (kernels_test).
+  void (*exp)(const float* x, float* y, int64_t n);
+  void (*exp2)(const float* x, float* y, int64_t n);
 };
 
 #define LT_POINTWISE_DECLARE(isa) Kernels kernels_##isa();
