@@ -3,7 +3,6 @@
 // choice and its bit-identity with recompute (plain, SP, ZeRO-3 + SuperOffload), and stage 0's
 // CPU Adam (including the skipped step on a non-finite gradient), and when a memory budget
 // decommits freed memory.
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -255,9 +254,7 @@ TEST(MemoryBudget, AGenerousBudgetKeepsFreedSpansUntilTheResidentSetNearsIt) {
   if (lt::allocatorName() != "tcmalloc") GTEST_SKIP() << "decommit is tcmalloc's";
   // Decommit is process-wide: an earlier test in this process under a budget that binds may
   // have turned it on (ctest runs each test alone; a whole-binary run does not).
-  using SetProperty = int (*)(const char*, size_t);
-  auto set = reinterpret_cast<SetProperty>(dlsym(RTLD_DEFAULT, "MallocExtension_SetNumericProperty"));
-  ASSERT_TRUE(set && set("tcmalloc.aggressive_memory_decommit", 0));
+  ASSERT_TRUE(lt::keepFreedMemory());
   json j = lt::testing::tinyTrainConfig();
   j["activation_checkpointing"] = "all";
   j["train"]["memory_budget"] = "1MiB";

@@ -96,14 +96,22 @@ bool freedMemoryDecommitted() {
   return tcmallocProperty("tcmalloc.aggressive_memory_decommit", &v) && v != 0;
 }
 
-bool decommitFreedMemory() {
+namespace {
+bool setTcmallocProperty(const char* name, size_t value) {
   using SetProperty = int (*)(const char*, size_t);
   auto set = reinterpret_cast<SetProperty>(dlsym(RTLD_DEFAULT, "MallocExtension_SetNumericProperty"));
+  return set && set(name, value);
+}
+}  // namespace
+
+bool decommitFreedMemory() {
+  if (!setTcmallocProperty("tcmalloc.aggressive_memory_decommit", 1)) return false;
   auto release = reinterpret_cast<void (*)()>(dlsym(RTLD_DEFAULT, "MallocExtension_ReleaseFreeMemory"));
-  if (!set || !set("tcmalloc.aggressive_memory_decommit", 1)) return false;
   if (release) release();  // what start-up freed
   return true;
 }
+
+bool keepFreedMemory() { return setTcmallocProperty("tcmalloc.aggressive_memory_decommit", 0); }
 
 std::string allocatorName() {
   if (dlsym(RTLD_DEFAULT, "tc_version")) return "tcmalloc";

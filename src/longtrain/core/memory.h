@@ -21,6 +21,9 @@ int64_t allocatorFreeBytes();
 // allocator.
 bool decommitFreedMemory();
 bool freedMemoryDecommitted();  // whether decommitFreedMemory has taken effect
+// Back to keeping freed spans for reuse (tcmalloc's default): for a process that runs one job
+// after another (the tests). False under another allocator.
+bool keepFreedMemory();
 // Memory one of `localRanks` ranks on this host may use: the smaller of MemAvailable and
 // the cgroup's limit (v2 memory.max, v1 limit_in_bytes) less the cgroup's current use,
 // divided among the local ranks; -1 where /proc/meminfo cannot be read.
