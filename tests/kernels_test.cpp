@@ -144,9 +144,10 @@ void toBf16(Isa isa, bool inPlace) {
 // double, in units in the last place of the exact value: 2^21 evenly spaced points over each
 // one's range (every binade from the smallest normal result up), and below it the clamp.
 void exps(Isa isa, bool base2) {
+  const auto kernel = base2 ? lt::kernels::kernelExp2 : lt::kernels::kernelExp;
   const double lo = base2 ? -125.0 : -87.0, hi = base2 ? 126.0 : 88.0;
   const auto x = at::linspace(lo, hi, 1 << 21, at::kDouble).to(at::kFloat);
-  const auto got = base2 ? lt::kernels::kernelExp2(x, isa) : lt::kernels::kernelExp(x, isa);
+  const auto got = kernel(x, isa);
   const float *xp = x.data_ptr<float>(), *g = got.data_ptr<float>();
   double worst = 0, worstAt = 0;
   for (int64_t i = 0; i < x.numel(); ++i) {
@@ -156,7 +157,7 @@ void exps(Isa isa, bool base2) {
   }
   EXPECT_LE(worst, Tol::kPolynomialExpUlps) << "at x = " << worstAt;
   // Below the range: the clamp's value, a normal float (2^-125, exp(-87)), never 0 or a NaN.
-  const auto tail = (base2 ? lt::kernels::kernelExp2 : lt::kernels::kernelExp)(at::full({3}, -1000.0f), isa);
+  const auto tail = kernel(at::full({3}, -1000.0f), isa);
   const double want = base2 ? std::exp2(-125.0) : std::exp(-87.0);
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(tail[i].item<float>(), want, want * 1e-6);
 }

@@ -7,12 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <thread>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 namespace lt {
 
