@@ -1,7 +1,8 @@
 // bench/attention: causal attention forward + backward (the fused forward also alone) at the long
 // shape (seq 4096, 8 query heads, 4 kv heads, head dim 16; and head dim 32, 64 at seq 2048) for
 // naive ATen attention, today's chunked path (tile 256), and the fused kernel per ISA this CPU runs
-// (and its bf16 products where the CPU has AVX512_BF16), each in GFLOP/s of causal-attention model
+// (and its bf16 products where the CPU has AVX512_BF16: on vdpbf16ps, and on AMX tiles where it has
+// those), each in GFLOP/s of causal-attention model
 // FLOPs (6 S^2 D per head: six products of 2 S^2 D FLOPs, QK^T and PV forward and four backward,
 // halved by the mask; the recomputed QK^T is not counted) and as % of the fp32 GEMM peak of the
 // model's fastest fp32 route (oneDNN's sgemm or the BLAS), measured first in the same binary. Each
@@ -127,9 +128,12 @@ void registerAll() {
           ->UseRealTime()
           ->MinTime(1.0);
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{4096, 16}, {2048, 32}, {2048, 64}};
-  auto add = [&](const std::string& name, AttnFn fn, double tolerance, int64_t window = 0) {
-    auto* b = benchmark::RegisterBenchmark(name.c_str(),
-                                           [=](benchmark::State& s) { run(s, fn, name, tolerance, window); });
+  auto add = [&](const std::string& name, AttnFn fn, double tolerance, int64_t window = 0, bool amxOff = false) {
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& s) {
+      lt::kernels::turnOffAmxForTesting(amxOff);
+      run(s, fn, name, tolerance, window);
+      lt::kernels::turnOffAmxForTesting(false);
+    });
     for (auto [S, D] : shapes) b->Args({S, D});
     b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
   };
@@ -151,7 +155,10 @@ void registerAll() {
     lt::kernels::FusedAttentionOptions o;
     o.isa = lt::kernels::Isa::Avx512Bf16;
     o.bf16 = true;
-    add("fused_avx512_bf16", [o](auto& q, auto& k, auto& v) { return lt::kernels::fusedAttention(q, k, v, o); }, 2e-2);
+    add("fused_avx512_bf16", [o](auto& q, auto& k, auto& v) { return lt::kernels::fusedAttention(q, k, v, o); }, 2e-2,
+        0, true);  // vdpbf16ps even on an AMX CPU
+    if (std::string(lt::kernels::fusedAttentionBf16Engine()) == "AMX")
+      add("fused_amx_bf16", [o](auto& q, auto& k, auto& v) { return lt::kernels::fusedAttention(q, k, v, o); }, 2e-2);
   }
 }
 

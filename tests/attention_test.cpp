@@ -216,15 +216,20 @@ TEST(FusedAttention, RawPerHeadGroupEqualsAutogradBitwise) {
   }
 }
 
-// bf16 tile products (AVX512_BF16): every product's operands rounded to bf16, sums in fp32. Against
-// naive fp32 attention within the bf16 tolerance at every shape (odd lengths give odd reduction
-// lengths, whose last pair is padded), GQA ratio and the document mask; and measurably not the fp32
-// kernel (a dispatch that silently ran fp32 would pass the tolerance otherwise).
-TEST(FusedAttention, Bf16ProductsEqualNaiveWithinBf16Rounding) {
-  if (!lt::kernels::fusedAttentionBf16Supported()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+// The bf16 products' engines this CPU runs: vdpbf16ps, and AMX tiles where it has them (the
+// default there). Each entry: whether it turns AMX off.
+std::vector<bool> bf16EnginesAmxOff() {
+  if (!lt::kernels::fusedAttentionBf16Supported()) return {};
+  if (std::string(lt::kernels::fusedAttentionBf16Engine()) == "AMX") return {false, true};
+  return {true};
+}
+
+// Bf16ProductsEqualNaiveWithinBf16Rounding's checks on whichever engine is on.
+void expectBf16ProductsEqualNaive(const std::string& engine) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(15);
   auto check = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& start,
-                   int64_t tile, const std::string& what) {
+                   int64_t tile, const std::string& shape) {
+    const std::string what = engine + " " + shape;
     auto up = at::randn(q.sizes(), gen);
     lt::kernels::FusedAttentionOptions o;
     o.tile = tile;
@@ -251,6 +256,32 @@ TEST(FusedAttention, Bf16ProductsEqualNaiveWithinBf16Rounding) {
   auto pos = at::cat({at::arange(20, at::kLong), at::arange(1, at::kLong), at::arange(54, at::kLong)}).view({B, S});
   auto q = at::randn({B, S, H, D}, gen), k = at::randn({B, S, KV, D}, gen), v = at::randn({B, S, KV, D}, gen);
   check(q, k, v, lt::model::documentStartFromPositions(pos), 16, "documents bf16");
+}
+
+// bf16 tile products (AVX512_BF16, and AMX where the CPU has it): every product's operands rounded
+// to bf16, sums in fp32. Against naive fp32 attention within the bf16 tolerance at every shape (odd
+// lengths give odd reduction lengths, whose last pair is padded; lengths off the 16-row tiles),
+// GQA ratio and the document mask; and measurably not the fp32 kernel (a dispatch that silently ran
+// fp32 would pass the tolerance otherwise). On an AMX CPU the two engines sum the pairs in other
+// orders, so their outputs differ in some bits: the check that AMX ran at all.
+TEST(FusedAttention, Bf16ProductsEqualNaiveWithinBf16Rounding) {
+  if (!lt::kernels::fusedAttentionBf16Supported()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  for (bool amxOff : bf16EnginesAmxOff()) {
+    lt::kernels::turnOffAmxForTesting(amxOff);
+    expectBf16ProductsEqualNaive(amxOff ? "vdpbf16ps" : "AMX");
+  }
+  lt::kernels::turnOffAmxForTesting(false);
+  if (bf16EnginesAmxOff().size() < 2) return;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(16);
+  auto q = at::randn({1, 70, 4, 16}, gen), k = at::randn({1, 70, 2, 16}, gen), v = at::randn({1, 70, 2, 16}, gen);
+  lt::kernels::FusedAttentionOptions o;
+  o.isa = Isa::Avx512Bf16, o.bf16 = true, o.tile = 32;
+  const auto amx = lt::kernels::fusedAttention(q, k, v, o);
+  lt::kernels::turnOffAmxForTesting(true);
+  const auto dot = lt::kernels::fusedAttention(q, k, v, o);
+  lt::kernels::turnOffAmxForTesting(false);
+  EXPECT_FALSE(at::equal(amx, dot)) << "AMX and vdpbf16ps gave the same bits: one engine ran twice";
+  EXPECT_LE(relErr(amx, dot), Tol::kBf16Attention);
 }
 
 // Queries at an offset among the keys (a ring step's block: sp/ring_attention.cpp), against a
@@ -329,9 +360,9 @@ TEST(FusedAttention, BackwardPlansGiveTheSameBits) {
       {1, 70, 70, 4, 1, 16, 16, 0, false}, {2, 37, 37, 6, 3, 8, 8, 0, true}, {1, 19, 23, 4, 2, 8, 4, 5, false},
       {1, 17, 9, 2, 1, 8, 4, -3, false},   {2, 21, 15, 4, 2, 8, 4, 15, true}, {1, 40, 40, 2, 1, 32, 0, 0, false},
   };
-  std::vector<std::pair<Isa, bool>> builds;
-  for (auto isa : supportedIsas()) builds.push_back({isa, false});
-  if (lt::kernels::fusedAttentionBf16Supported()) builds.push_back({Isa::Avx512Bf16, true});
+  std::vector<std::tuple<Isa, bool, bool>> builds;  // ISA, bf16, AMX off
+  for (auto isa : supportedIsas()) builds.push_back({isa, false, false});
+  for (bool amxOff : bf16EnginesAmxOff()) builds.push_back({Isa::Avx512Bf16, true, amxOff});
   for (const auto& c : cases) {
     auto q = at::randn({c.B, c.S, c.H, c.D}, gen), up = at::randn({c.B, c.S, c.H, c.D}, gen);
     auto k = at::randn({c.B, c.Sk, c.KV, c.D}, gen), v = at::randn({c.B, c.Sk, c.KV, c.D}, gen);
@@ -344,7 +375,8 @@ TEST(FusedAttention, BackwardPlansGiveTheSameBits) {
     auto ref = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& cc) { return offsetReference(a, b, cc, hidden).first; });
     const std::string what = "S" + std::to_string(c.S) + " Sk" + std::to_string(c.Sk) + " KV" + std::to_string(c.KV) +
                              " offset " + std::to_string(c.offset) + (c.documents ? " documents" : "");
-    for (auto [isa, bf16] : builds) {
+    for (auto [isa, bf16, amxOff] : builds) {
+      lt::kernels::turnOffAmxForTesting(amxOff);
       lt::kernels::FusedAttentionOptions o;
       o.tile = c.tile, o.isa = isa, o.bf16 = bf16, o.queryOffset = c.offset;
       if (start.defined()) o.documentStart = start;
@@ -353,7 +385,8 @@ TEST(FusedAttention, BackwardPlansGiveTheSameBits) {
       const auto perHead = lt::kernels::fusedAttentionBackward(q, k, v, fwd, up, o);
       o.backwardPlan = lt::kernels::BackwardPlan::PerTile;
       const auto perTile = lt::kernels::fusedAttentionBackward(q, k, v, fwd, up, o);
-      const std::string at = std::string(lt::kernels::isaName(isa)) + (bf16 ? " bf16 " : " ") + what;
+      const std::string at =
+          std::string(lt::kernels::isaName(isa)) + (bf16 ? amxOff ? " bf16 vdpbf16ps " : " bf16 AMX " : " ") + what;
       EXPECT_TRUE(at::equal(perTile.dq, perHead.dq)) << at << " dq";
       EXPECT_TRUE(at::equal(perTile.dk, perHead.dk)) << at << " dk";
       EXPECT_TRUE(at::equal(perTile.dv, perHead.dv)) << at << " dv";
@@ -361,6 +394,7 @@ TEST(FusedAttention, BackwardPlansGiveTheSameBits) {
       expectClose({fwd.out, perTile.dq, perTile.dk, perTile.dv}, ref, at + " per tile");
     }
   }
+  lt::kernels::turnOffAmxForTesting(false);
 }
 
 TEST(FusedAttention, BadArgumentsAreNamed) {

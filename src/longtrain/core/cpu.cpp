@@ -4,6 +4,7 @@
 #include "longtrain/core/cpu.h"
 
 #include <dlfcn.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,6 +46,16 @@ const char* symbolString(const char* name) {
   return fn ? fn() : nullptr;
 }
 
+// Linux hands a process the AMX tile state (8 KiB a thread) only on request (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); before it, a tile instruction faults. Asked once.
+bool amxTileStateGranted() {
+  static const bool granted = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
+}
+
 }  // namespace
 
 std::string CpuIsa::name() const { return avx512 ? "avx512" : avx2Fma ? "avx2" : "baseline"; }
@@ -56,6 +67,8 @@ CpuIsa cpuIsa() {
   isa.avx512 = isa.avx2Fma && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   isa.avx512Bf16 = isa.avx512 && __builtin_cpu_supports("avx512bf16");
+  isa.amxBf16 = isa.avx512Bf16 && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+                amxTileStateGranted();
   isa.amd = __builtin_cpu_is("amd");
   return isa;
 }

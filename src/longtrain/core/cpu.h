@@ -16,6 +16,7 @@ struct CpuIsa {
   bool avx512 = false;   // AVX-512 F, BW, DQ and VL, with the OS saving zmm state
   bool amd = false;      // vendor AMD (OpenBLAS calls its AVX2 kernels "Zen" there)
   bool avx512Bf16 = false;  // avx512 and AVX512_BF16 (vdpbf16ps, vcvtne2ps2bf16)
+  bool amxBf16 = false;     // avx512Bf16, AMX-TILE and AMX-BF16, with the OS granting tile state
   std::string name() const;  // "avx512", "avx2", or "baseline"
 };
 CpuIsa cpuIsa();

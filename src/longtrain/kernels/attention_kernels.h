@@ -61,6 +61,11 @@ enum class BackwardPart { Delta, KvHead, KeyTile, QueryTile };
 using BackwardTask = void (*)(const Backward& a, BackwardPart part, int64_t b, int64_t head, int64_t tile,
                               float* scratch);
 
+// The avx512bf16 build's tile products: on AMX tiles (tdpbf16ps) where core/cpu finds AMX-BF16
+// granted by the OS, else on vdpbf16ps; the same rounding of every operand, sums in another order.
+// fused_attention.cpp owns the choice (a test may turn AMX off); it changes only between calls.
+bool bf16ProductsOnAmx();
+
 #define LT_ATTN_DECLARE(isa)                                                                   \
   void forwardTask_##isa(const Forward& a, int64_t b, int64_t h, int64_t qTile, float* scratch); \
   void backwardTask_##isa(const Backward& a, BackwardPart part, int64_t b, int64_t head, int64_t tile, float* scratch);

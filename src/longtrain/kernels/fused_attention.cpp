@@ -236,8 +236,17 @@ void checkInputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
 namespace attn_detail {
 int64_t panelFloats(const Shape& s) {
   if (!s.bf16) return s.tile * s.D;  // fp32 packs only right operands: tile x D or D x tile
-  const int64_t e = std::max(s.tile, s.D);
-  return e * (e + 16);  // >= ceil(e / 2) x (e rounded up to 16) pairs: a tile-square left operand too
+  const int64_t e = (std::max(s.tile, s.D) + 15) / 16 * 16;
+  // >= (e / 2 rounded up to 16 pairs) x e: a tile-square operand's pairs, padded to AMX's 16 x 16
+  return e * (e + 16);
+}
+
+namespace {
+std::atomic<bool> amxTurnedOff{false};
+}
+bool bf16ProductsOnAmx() {
+  static const bool amx = cpuIsa().amxBf16;  // asked once: it also asks the OS for the tile state
+  return amx && !amxTurnedOff.load(std::memory_order_relaxed);
 }
 int64_t forwardScratch(const Shape& s) { return attn_detail::kBand * s.tile + s.tile * s.D + 2 * s.tile + 4 * panelFloats(s); }
 int64_t backwardScratch(const Shape& s) {
@@ -288,6 +297,13 @@ FusedAttentionOptions savedOptions(AutogradContext* ctx) {
 }
 
 bool fusedAttentionBf16Supported() { return isaSupported(Isa::Avx512Bf16); }
+
+const char* fusedAttentionBf16Engine() {
+  if (!fusedAttentionBf16Supported()) return "none";
+  return attn_detail::bf16ProductsOnAmx() ? "AMX" : "AVX512_BF16";
+}
+
+void turnOffAmxForTesting(bool off) { attn_detail::amxTurnedOff = off; }
 
 // Per rank the kernel runs on all S tokens of H/P heads and max(KV/P, 1) kv heads (P = 1: the
 // rank's own). It saves the log-sum-exp [B, H/P, S] beside its inputs and output; backward

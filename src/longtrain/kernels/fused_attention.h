@@ -46,6 +46,11 @@ struct FusedAttentionOptions {
 
 // Whether this CPU runs the bf16 tile products: isaSupported(Isa::Avx512Bf16).
 bool fusedAttentionBf16Supported();
+// What runs them: "AMX" (tile registers, where the CPU has AMX-BF16 and the OS grants it),
+// "AVX512_BF16" (vdpbf16ps), or "none".
+const char* fusedAttentionBf16Engine();
+// Tests: run the bf16 products on vdpbf16ps even where AMX is there (false: back to the default).
+void turnOffAmxForTesting(bool off);
 
 // q [B, S, H, Dh], k and v [B, Sk, KV, Dh] (fp32, H a multiple of KV; Sk = S unless
 // queryOffset says where the queries sit among the keys) -> [B, S, H, Dh]; the
