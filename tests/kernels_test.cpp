@@ -162,6 +162,39 @@ void exps(Isa isa, bool base2) {
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(tail[i].item<float>(), want, want * 1e-6);
 }
 
+// --- The LM head's softmax cross-entropy in place, against ATen's log_softmax in double: each
+// row's loss, its argmax (the first maximum: a row of equal logits gives 0) and, after the
+// gradient pass, (softmax - onehot) * scale with a zero scale for an ignored row. Widths with and
+// without vector tails, logits up to +-30, and a row of negative logits close together, where a
+// tail's padding that reached the maximum or the sum would show.
+void softmaxCrossEntropy(Isa isa, bool grad) {
+  for (auto [T, V] : {std::pair<int64_t, int64_t>{7, 1000}, {5, 8192}, {9, 17}, {3, 1}}) {
+    auto x = at::randn({T, V}, gen(41 + V)) * 10;
+    x[0].fill_(0.5f);  // ties: the first index wins
+    if (T > 1) x[1] = at::randn({V}, gen(44)) * 0.1 - 5;  // all below a tail's zero padding
+    const auto target = at::randint(V, {T}, gen(42), at::kLong);
+    const auto scale = at::rand({T}, gen(43)).index_put_({at::tensor({T - 1})}, 0.0f);
+    auto p = x.clone();
+    const auto rows = lt::kernels::softmaxCrossEntropyInPlace(p, target, isa);
+    const auto logp = at::log_softmax(x.to(at::kDouble), 1);
+    const auto what = std::to_string(T) + " x " + std::to_string(V);
+    if (!grad) {
+      EXPECT_LE(relErr(rows.loss.to(at::kDouble), -logp.gather(1, target.unsqueeze(1)).squeeze(1)), Tol::kFusedKernel)
+          << what;
+      auto want = at::argmax(x, 1);
+      want[0] = 0;
+      EXPECT_TRUE(at::equal(rows.argmax, want)) << what;
+      continue;
+    }
+    lt::kernels::softmaxCrossEntropyGradInPlace(p, target, rows.invSum, scale, isa);
+    auto want = logp.exp();
+    want.scatter_add_(1, target.unsqueeze(1), at::full({T, 1}, -1.0, want.options()));
+    want.mul_(scale.to(at::kDouble).unsqueeze(1));
+    EXPECT_LE(relErr(p.to(at::kDouble), want), Tol::kFusedKernel) << what;
+    EXPECT_TRUE(at::equal(p[T - 1], at::zeros({V}))) << what << ": the ignored row";
+  }
+}
+
 // --- CPU Adam against torch::optim::AdamW: 10 steps, sizes with and without vector tails.
 struct AdamState {
   at::Tensor p, m, v;
@@ -241,6 +274,8 @@ const std::vector<Op>& ops() {
       {"to_bf16_in_place", [](Isa i) { toBf16(i, true); }, kEvery},
       {"exp", [](Isa i) { exps(i, false); }, kEvery},
       {"exp2", [](Isa i) { exps(i, true); }, kEvery},
+      {"softmax_cross_entropy", [](Isa i) { softmaxCrossEntropy(i, false); }, kEvery},
+      {"softmax_cross_entropy_grad", [](Isa i) { softmaxCrossEntropy(i, true); }, kEvery},
       {"adam", [](Isa i) { adam(i, false); }, kEvery},
       {"adam_bf16_copy", [](Isa i) { adam(i, true); }, kEvery},
   };

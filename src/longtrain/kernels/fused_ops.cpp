@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <iterator>
 #include <vector>
 
@@ -225,6 +226,50 @@ at::Tensor toBf16InPlace(const at::Tensor& x, Isa isa) {
   k.toBf16(xp, yp, std::min(n, kFirst));
   for (int64_t a = kFirst; a < n; a *= 2) toBf16Range(k, xp, yp, a, std::min(n, 2 * a));
   return x.view(at::kBFloat16).reshape({-1}).narrow(0, 0, n).view(x.sizes());
+}
+
+namespace {
+// Rows per task: ~64 KiB of logits a task, at least a row.
+int64_t rowGrain(int64_t cols) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols)); }
+
+void checkLogitRows(const at::Tensor& x, const at::Tensor& target, const char* what) {
+  LT_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), what, ": contiguous fp32 [T, V] expected");
+  LT_CHECK(target.scalar_type() == at::kLong && target.is_contiguous() && target.numel() == x.size(0), what,
+           ": target must be contiguous int64 [T]");
+  LT_CHECK(target.numel() == 0 || (target.min().item<int64_t>() >= 0 && target.max().item<int64_t>() < x.size(1)),
+           what, ": every target must lie in [0, ", x.size(1), ")");
+}
+}  // namespace
+
+SoftmaxCrossEntropyRows softmaxCrossEntropyInPlace(at::Tensor& logits, const at::Tensor& target, Isa isa) {
+  checkLogitRows(logits, target, "softmaxCrossEntropyInPlace");
+  const auto& k = kernelsFor(static_cast<int64_t>(isa));
+  const int64_t T = logits.size(0), V = logits.size(1);
+  SoftmaxCrossEntropyRows out{at::empty({T}, logits.options()), at::empty({T}, target.options()),
+                              at::empty({T}, logits.options())};
+  float *x = logits.data_ptr<float>(), *loss = out.loss.data_ptr<float>(), *inv = out.invSum.data_ptr<float>();
+  const int64_t* t = target.data_ptr<int64_t>();
+  int64_t* am = out.argmax.data_ptr<int64_t>();
+  at::parallel_for(0, T, rowGrain(V), [&](int64_t r0, int64_t r1) {
+    k.softmaxCrossEntropy(x + r0 * V, t + r0, loss + r0, am + r0, inv + r0, r1 - r0, V);
+  });
+  return out;
+}
+
+void softmaxCrossEntropyGradInPlace(at::Tensor& probs, const at::Tensor& target, const at::Tensor& invSum,
+                                    const at::Tensor& scale, Isa isa) {
+  checkLogitRows(probs, target, "softmaxCrossEntropyGradInPlace");
+  const int64_t T = probs.size(0), V = probs.size(1);
+  LT_CHECK(invSum.numel() == T && scale.numel() == T && invSum.is_contiguous() && scale.is_contiguous() &&
+               invSum.scalar_type() == at::kFloat && scale.scalar_type() == at::kFloat,
+           "softmaxCrossEntropyGradInPlace: invSum and scale must be contiguous fp32 [T]");
+  const auto& k = kernelsFor(static_cast<int64_t>(isa));
+  float* x = probs.data_ptr<float>();
+  const float *inv = invSum.data_ptr<float>(), *sc = scale.data_ptr<float>();
+  const int64_t* t = target.data_ptr<int64_t>();
+  at::parallel_for(0, T, rowGrain(V), [&](int64_t r0, int64_t r1) {
+    k.softmaxCrossEntropyGrad(x + r0 * V, t + r0, inv + r0, sc + r0, r1 - r0, V);
+  });
 }
 
 namespace {

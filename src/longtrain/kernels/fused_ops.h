@@ -43,6 +43,18 @@ at::Tensor toBf16InPlace(const at::Tensor& x, Isa isa = isaBest());
 at::Tensor kernelExp(const at::Tensor& x, Isa isa = isaBest());
 at::Tensor kernelExp2(const at::Tensor& x, Isa isa = isaBest());
 
+// The LM head's softmax cross-entropy over logits [T, V] (contiguous fp32), in place: returns each
+// row's loss (log-sum-exp minus the target's logit), argmax (its first maximum) and 1 / sum(exp),
+// and leaves exp(x - max) in x; target [T] int64 in [0, V). Then the gradient in place:
+// x = (softmax - onehot(target)) * scale[row]. One pass of reads and one of writes each (a row of
+// V floats stays in cache between its passes), rows spread over the threads. No autograd.
+struct SoftmaxCrossEntropyRows {
+  at::Tensor loss, argmax, invSum;  // [T]: fp32, int64, fp32
+};
+SoftmaxCrossEntropyRows softmaxCrossEntropyInPlace(at::Tensor& logits, const at::Tensor& target, Isa isa = isaBest());
+void softmaxCrossEntropyGradInPlace(at::Tensor& probs, const at::Tensor& target, const at::Tensor& invSum,
+                                    const at::Tensor& scale, Isa isa = isaBest());
+
 // sum(x^2) in float64 for a contiguous fp32 x, in one pass that allocates nothing (a float's
 // square is exact in a double). Fixed blocks are summed in order: the same bits at any thread count.
 double sumOfSquares(const at::Tensor& x);

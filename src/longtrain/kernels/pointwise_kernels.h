@@ -31,6 +31,13 @@ struct Kernels {
   // here so their accuracy is tested per build (kernels_test).
   void (*exp)(const float* x, float* y, int64_t n);
   void (*exp2)(const float* x, float* y, int64_t n);
+  // Softmax cross-entropy over rows of `cols` logits, in place: row r's maximum m (argmax[r] its
+  // first index), x = exp(x - m) written back, s their sum; loss[r] = log s + m - (target's
+  // logit), invSum[r] = 1 / s. The gradient then turns those rows into (x / s - onehot) scale[r].
+  void (*softmaxCrossEntropy)(float* x, const int64_t* target, float* loss, int64_t* argmax, float* invSum,
+                              int64_t rows, int64_t cols);
+  void (*softmaxCrossEntropyGrad)(float* x, const int64_t* target, const float* invSum, const float* scale,
+                                  int64_t rows, int64_t cols);
 };
 
 #define LT_POINTWISE_DECLARE(isa) Kernels kernels_##isa();

@@ -21,6 +21,8 @@ using kernels::fusedRmsNorm;
 using kernels::fusedRope;
 using kernels::fusedSwiglu;
 using kernels::RopeTable;
+using kernels::softmaxCrossEntropyGradInPlace;
+using kernels::softmaxCrossEntropyInPlace;
 using kernels::toBf16;
 using kernels::toBf16InPlace;
 // the GEMM routes

@@ -311,7 +311,8 @@ at::Tensor Model::logits(const at::Tensor& x) const {
 }
 
 // One [T, V] buffer (headBuffer_, kept between calls): the logits, then exp(logits - max), then
-// the probabilities, then dL/dlogits; the three GEMMs read it (and x, w) in place.
+// dL/dlogits (kernels' softmax cross-entropy, a read and a write each); the three GEMMs read it
+// (and x, w) in place.
 Model::TileLoss Model::headLoss(const at::Tensor& h, const at::Tensor& shiftLabels, double scale) {
   const bool backward = scale != 0;
   const GemmRoute gemm = gemmRoute(cfg_);
@@ -327,7 +328,7 @@ Model::TileLoss Model::headLoss(const at::Tensor& h, const at::Tensor& shiftLabe
   const auto x = hn.detach().reshape({-1, hn.size(-1)}).contiguous(), wd = w.detach();
   const auto lab = shiftLabels.reshape({-1});
   const auto valid = lab.ne(-100);  // ignored labels, as in lossSum
-  const auto target = lab.masked_fill(~valid, 0).unsqueeze(1);
+  const auto target = lab.masked_fill(~valid, 0).contiguous();
   const int64_t T = x.size(0), V = wd.size(0);
   if (!headBuffer_.defined() || headBuffer_.numel() < T * V) {
     headBuffer_ = at::Tensor();  // the old one first
@@ -335,19 +336,13 @@ Model::TileLoss Model::headLoss(const at::Tensor& h, const at::Tensor& shiftLabe
   }
   auto p = headBuffer_.narrow(0, 0, T * V).view({T, V});
   matmulInto(p, x, false, wd, true, gemm);
-  auto [mx, argmax] = p.max(1, true);
-  const auto picked = p.gather(1, target);
-  p.sub_(mx).exp_();
-  const auto sumExp = p.sum(1, true);
-  const auto rowLoss = (sumExp.log() + mx - picked).squeeze(1);
+  const auto rows = softmaxCrossEntropyInPlace(p, target);  // p: exp(logits - max)
   TileLoss out;
-  out.sum = rowLoss.masked_select(valid).to(at::kDouble).sum().item<double>();
+  out.sum = rows.loss.masked_select(valid).to(at::kDouble).sum().item<double>();
   out.count = valid.sum().item<int64_t>();
-  out.correct = (argmax.squeeze(1).eq(lab) & valid).sum().item<int64_t>();
+  out.correct = (rows.argmax.eq(lab) & valid).sum().item<int64_t>();
   if (!backward) return out;
-  p.div_(sumExp);
-  p.scatter_add_(1, target, at::full_like(picked, -1.0));
-  p.mul_(valid.unsqueeze(1).to(p.scalar_type()) * scale);
+  softmaxCrossEntropyGradInPlace(p, target, rows.invSum, valid.to(at::kFloat) * scale);  // p: dL/dlogits
   // bf16 route: both products read one bf16 rounding of the gradient, in the buffer itself.
   const auto dLogits = gemm == GemmRoute::Bf16 ? toBf16InPlace(p) : p;
   auto& acc = w.mutable_grad();  // += dL/dW [V, D]
