@@ -11,6 +11,7 @@
 #include "longtrain/core/check.h"
 #include "longtrain/core/cpu.h"
 #include "longtrain/core/memory.h"
+#include "longtrain/kernels/fused_attention.h"
 #include "longtrain/kernels/isa.h"
 #include "longtrain/train/machine.h"
 #include "longtrain/train/peak_record.h"
@@ -61,7 +62,8 @@ int runInfo(int threads) {
   std::printf("allocator: %s\n", allocatorName().c_str());
   std::printf("threads: %d\n", at::get_num_threads());
   printGemmPeaks();
-  std::printf("fused kernels: %s (attention, RMSNorm, SwiGLU)\n", kernels::isaName(kernels::isaBest()));
+  std::printf("fused kernels: %s (attention, RMSNorm, SwiGLU, the LM head's loss); bf16 attention products: %s\n",
+              kernels::isaName(kernels::isaBest()), kernels::fusedAttentionBf16Engine());
   checkGemms(blas);
   return 0;
 }

@@ -18,6 +18,7 @@
 #include "longtrain/plan/fit.h"
 #include "longtrain/plan/memory_model.h"
 #include "longtrain/plan/time_model.h"
+#include "longtrain/train/machine.h"
 #include "longtrain/train/measured_rates.h"
 #include "longtrain/train/process_baseline.h"
 
@@ -125,6 +126,11 @@ config::Config plannedConfig(const std::string& path, const std::vector<std::str
   config::RunPlan assumed;  // the run measures whether bf16 is faster; plan assumes it is
   const config::Config parsed = config::parseConfig(j, world);
   assumed.kernels.bf16Gemms = parsed.precision.bf16;
+  // bf16.attention as the run decides it (the same measurement), under the model's rule.
+  assumed.kernels.bf16Attention =
+      assumed.kernels.bf16Gemms && parsed.precision.attention && parsed.model.attention == config::AttentionKernel::Fused &&
+      kernels::fusedAttentionBf16Supported() &&
+      (!parsed.precision.onlyIfFaster || train::measureBf16Attention(parsed.model, parsed.data.seqLen).faster);
   return assumed.applied(parsed);
 }
 
@@ -135,8 +141,9 @@ kernels::GemmRoute routeOf(const config::Config& cfg) {
 
 // Rates at the rank's thread count (restored after); across nodes, the link at `linkSecondsPerByte`.
 plan::Rates ratesFor(const config::Config& cfg, const plan::Placement& at, double linkSecondsPerByte) {
-  plan::Rates r = train::measuredRates(routeOf(cfg), train::rankThreads(at.ranksPerNode, cfg.train.threads),
-                                       at.ranksPerNode > 1, cfg.train.offloadDir);
+  plan::Rates r = train::measuredRates(routeOf(cfg), cfg.model.resolved.bf16Attention,
+                                       train::rankThreads(at.ranksPerNode, cfg.train.threads), at.ranksPerNode > 1,
+                                       cfg.train.offloadDir);
   if (at.world > at.ranksPerNode) r.linkSecondsPerByte = linkSecondsPerByte;
   return r;
 }

@@ -255,29 +255,21 @@ bool Engine::chooseBf16() {
   return use;
 }
 
-// On an Intel Xeon (family 6, model 167; AVX512_BF16 without AMX tile products here) the bf16
-// tile products ran slower than fp32 once the fp32 bands ran whole micro-tiles (bench/attention,
-// seq 4096 x head dim 16: 120 against 110 ms; the long e2e shape 14.0k against 16.6k tokens/s
-// with bf16 GEMMs), while on an AMD EPYC Zen 5 they were 16-35% faster. So it is measured, at the
-// model's head dim and group and min(seq_len, 1024) tokens.
+// Measured (measureBf16Attention) unless only_if_faster is off; every rank must agree.
 bool Engine::chooseBf16Attention() {
-  const auto& m = cfg_.model;
   bool use = kernels::fusedAttentionBf16Supported();
-  const int64_t seq = std::min<int64_t>(cfg_.data.seqLen, 1024);
-  double fp32 = 0, bf16 = 0;
+  Bf16AttentionChoice c;
   if (use && cfg_.precision.onlyIfFaster) {
-    const int64_t kv = std::min<int64_t>(m.kvHeads, 2), group = m.heads / m.kvHeads;
-    fp32 = measureAttentionSeconds(kv * group, kv, m.headDim(), seq, m.attentionChunk, false);
-    bf16 = measureAttentionSeconds(kv * group, kv, m.headDim(), seq, m.attentionChunk, true);
-    use = fp32 > kBf16Margin * bf16;
+    c = measureBf16Attention(cfg_.model, cfg_.data.seqLen);
+    use = c.faster;
   }
   auto t = at::tensor({use ? 1.0 : 0.0}, at::kDouble);
   groups_.world->allReduce(t, comm::ReduceOp::Min).wait();
   use = t.item<double>() > 0;
-  if (groups_.world->rank() == 0 && bf16 > 0)
+  if (groups_.world->rank() == 0 && c.bf16Seconds > 0)
     std::printf("longtrain: bf16.attention: bf16 tile products (%s) %.1f ms against fp32 %.1f (forward + backward, "
                 "%lld tokens): %s\n",
-                kernels::fusedAttentionBf16Engine(), 1e3 * bf16, 1e3 * fp32, (long long)seq,
+                kernels::fusedAttentionBf16Engine(), 1e3 * c.bf16Seconds, 1e3 * c.fp32Seconds, (long long)c.tokens,
                 use ? "attention runs its products in bf16" : "not 10% faster here, attention stays fp32");
   return use;
 }

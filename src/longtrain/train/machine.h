@@ -28,6 +28,17 @@ double measureGemmPeakFlops(kernels::GemmRoute route = kernels::GemmRoute::Blas)
 // or bf16 tile products (bf16.attention's start-up comparison).
 double measureAttentionSeconds(int64_t heads, int64_t kvHeads, int64_t headDim, int64_t seq, int64_t tile, bool bf16);
 
+// bf16.attention's start-up comparison, at the model's head dim and group and min(seq_len, 1024)
+// tokens: whether bf16 tile products beat fp32 by 10% on this CPU (false where it has no
+// AVX512_BF16), with the two times in seconds (0 where not measured). `longtrain train` decides by
+// it (on every rank) and `longtrain plan` predicts with it.
+struct Bf16AttentionChoice {
+  bool faster = false;
+  int64_t tokens = 0;
+  double fp32Seconds = 0, bf16Seconds = 0;
+};
+Bf16AttentionChoice measureBf16Attention(const model::ModelConfig& m, int64_t seqLen);
+
 // Largest error of an fp32 GEMM route (at::mm, or oneDNN's sgemm) against a double-precision
 // loop, over odd shapes that exercise the kernel's edge paths, relative to sum_k |a_ik| |b_kj|
 // (the bound fp32 error scales with).

@@ -98,7 +98,9 @@ Times timeLinear(int64_t M, int64_t N, int64_t K, kernels::GemmRoute route) {
   return t;
 }
 
-Times timeAttention(int64_t B, int64_t S, int64_t heads, int64_t kvHeads, int64_t dim) {
+Times timeAttention(int64_t B, int64_t S, int64_t heads, int64_t kvHeads, int64_t dim, bool bf16) {
+  kernels::FusedAttentionOptions o;
+  o.bf16 = bf16;
   auto q = at::randn({B, S, heads, dim}).set_requires_grad(true);
   auto k = at::randn({B, S, kvHeads, dim}).set_requires_grad(true);
   auto v = at::randn({B, S, kvHeads, dim}).set_requires_grad(true);
@@ -106,10 +108,10 @@ Times timeAttention(int64_t B, int64_t S, int64_t heads, int64_t kvHeads, int64_
   return forwardAndBackward(
       [&] {
         at::NoGradGuard ng;
-        (void)kernels::fusedAttention(q, k, v);
+        (void)kernels::fusedAttention(q, k, v, o);
       },
       [&] {
-        kernels::fusedAttention(q, k, v).backward(g);
+        kernels::fusedAttention(q, k, v, o).backward(g);
         for (auto* p : {&q, &k, &v}) p->mutable_grad().reset();
       });
 }
@@ -283,6 +285,7 @@ const typename Map::mapped_type& measuredOnce(Map& kept, const typename Map::key
 
 struct Cache {
   kernels::GemmRoute route;
+  bool bf16Attention = false;
   int threads = 1;
   std::map<std::tuple<int64_t, int64_t, int64_t>, Times> linear;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, Times> attention;
@@ -292,7 +295,8 @@ struct Cache {
     return measuredOnce(linear, {M, N, K}, threads, [&] { return timeLinear(M, N, K, route); });
   }
   const Times& attentionAt(int64_t B, int64_t S, int64_t h, int64_t hk, int64_t d) {
-    return measuredOnce(attention, {B, S, h, hk, d}, threads, [&] { return timeAttention(B, S, h, hk, d); });
+    return measuredOnce(attention, {B, S, h, hk, d}, threads,
+                        [&] { return timeAttention(B, S, h, hk, d, bf16Attention); });
   }
   const Times& blockAt(const config::ModelConfig& m, int64_t B, int64_t S) {
     return measuredOnce(block, blockKey(m, B, S), threads, [&] { return timeBlock(m, B, S, route); });
@@ -305,9 +309,11 @@ struct Cache {
 
 }  // namespace
 
-plan::Rates measuredRates(kernels::GemmRoute route, int threads, bool interRank, const std::string& offloadDir) {
+plan::Rates measuredRates(kernels::GemmRoute route, bool bf16Attention, int threads, bool interRank,
+                          const std::string& offloadDir) {
   auto cache = std::make_shared<Cache>();
   cache->route = route;
+  cache->bf16Attention = bf16Attention;
   cache->threads = threads;
   ThreadsFor t(threads);
   (void)timeLinear(256, 256, 256, route);  // the thread pool and BLAS's buffers, before anything is timed

@@ -11,9 +11,11 @@
 
 namespace lt::train {
 
-// GEMMs by `route` on `threads` intra-op threads (the process's count is restored after each
-// measurement); with `interRank`, the loopback TCP rate a collective between this host's ranks
-// moves at; with an `offloadDir`, that directory's write-and-read rate.
-plan::Rates measuredRates(kernels::GemmRoute route, int threads, bool interRank, const std::string& offloadDir);
+// GEMMs by `route` and the fused attention with bf16 tile products or not (`bf16Attention`, as
+// the run resolves bf16.attention) on `threads` intra-op threads (the process's count is restored
+// after each measurement); with `interRank`, the loopback TCP rate a collective between this
+// host's ranks moves at; with an `offloadDir`, that directory's write-and-read rate.
+plan::Rates measuredRates(kernels::GemmRoute route, bool bf16Attention, int threads, bool interRank,
+                          const std::string& offloadDir);
 
 }  // namespace lt::train
