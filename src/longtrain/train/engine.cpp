@@ -234,8 +234,6 @@ void Engine::makeActivationOffload() {
 
 Engine::~Engine() = default;
 
-constexpr double kBf16Margin = 1.1;  // bf16 GEMMs must beat fp32 by this factor to be chosen
-
 bool Engine::chooseBf16() {
   const double fp32 = measureGemmPeakFlops(plan_.kernels.oneDnnGemm ? kernels::GemmRoute::OneDnn : kernels::GemmRoute::Blas);
   const double bf16 = measureGemmPeakFlops(kernels::GemmRoute::Bf16);
@@ -243,7 +241,7 @@ bool Engine::chooseBf16() {
   // CPU without AVX512_BF16 oneDNN widens bf16 to fp32 and the two tie at 1024^3 (AMD EPYC Zen 2
   // under load: 29.8/44.8, 38.4/36.0, 90.2/87.1 GFLOP/s), while the small shapes' bf16 GEMMs,
   // with their conversions, ran the quick start at 13.5k tokens/s against 43.4k in fp32.
-  auto t = at::tensor({bf16 > kBf16Margin * fp32 || !cfg_.precision.onlyIfFaster ? 1.0 : 0.0}, at::kDouble);
+  auto t = at::tensor({bf16 > kBf16FasterBy * fp32 || !cfg_.precision.onlyIfFaster ? 1.0 : 0.0}, at::kDouble);
   groups_.world->allReduce(t, comm::ReduceOp::Min).wait();
   const bool use = t.item<double>() > 0;
   gemmPeakFlops_ = use ? bf16 : fp32;

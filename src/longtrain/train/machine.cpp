@@ -66,14 +66,13 @@ double measureAttentionSeconds(int64_t heads, int64_t kvHeads, int64_t headDim, 
 // the bf16 build lost (bench/attention, seq 4096 x head dim 16: 120 against 110 ms), on an AMD
 // EPYC Zen 5 it was 16-35% faster, and on the Xeon's AMX tiles 1.4-2.5x: so it is measured.
 Bf16AttentionChoice measureBf16Attention(const model::ModelConfig& m, int64_t seqLen) {
-  constexpr double kMargin = 1.1;
   Bf16AttentionChoice c;
   c.tokens = std::min<int64_t>(seqLen, 1024);
   if (!kernels::fusedAttentionBf16Supported()) return c;
   const int64_t kv = std::min<int64_t>(m.kvHeads, 2), group = m.heads / m.kvHeads;
   c.fp32Seconds = measureAttentionSeconds(kv * group, kv, m.headDim(), c.tokens, m.attentionChunk, false);
   c.bf16Seconds = measureAttentionSeconds(kv * group, kv, m.headDim(), c.tokens, m.attentionChunk, true);
-  c.faster = c.fp32Seconds > kMargin * c.bf16Seconds;
+  c.faster = c.fp32Seconds > kBf16FasterBy * c.bf16Seconds;
   return c;
 }
 

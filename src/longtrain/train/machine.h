@@ -28,6 +28,9 @@ double measureGemmPeakFlops(kernels::GemmRoute route = kernels::GemmRoute::Blas)
 // or bf16 tile products (bf16.attention's start-up comparison).
 double measureAttentionSeconds(int64_t heads, int64_t kvHeads, int64_t headDim, int64_t seq, int64_t tile, bool bf16);
 
+// bf16 is chosen where it beats fp32 by this factor (bf16.enabled's GEMMs, bf16.attention's products).
+constexpr double kBf16FasterBy = 1.1;
+
 // bf16.attention's start-up comparison, at the model's head dim and group and min(seq_len, 1024)
 // tokens: whether bf16 tile products beat fp32 by 10% on this CPU (false where it has no
 // AVX512_BF16), with the two times in seconds (0 where not measured). `longtrain train` decides by
