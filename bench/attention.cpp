@@ -157,7 +157,7 @@ void registerAll() {
     o.bf16 = true;
     add("fused_avx512_bf16", [o](auto& q, auto& k, auto& v) { return lt::kernels::fusedAttention(q, k, v, o); }, 2e-2,
         0, true);  // vdpbf16ps even on an AMX CPU
-    if (std::string(lt::kernels::fusedAttentionBf16Engine()) == "AMX")
+    if (lt::kernels::fusedAttentionBf16OnAmx())
       add("fused_amx_bf16", [o](auto& q, auto& k, auto& v) { return lt::kernels::fusedAttention(q, k, v, o); }, 2e-2);
   }
 }

@@ -220,7 +220,7 @@ TEST(FusedAttention, RawPerHeadGroupEqualsAutogradBitwise) {
 // default there). Each entry: whether it turns AMX off.
 std::vector<bool> bf16EnginesAmxOff() {
   if (!lt::kernels::fusedAttentionBf16Supported()) return {};
-  if (std::string(lt::kernels::fusedAttentionBf16Engine()) == "AMX") return {false, true};
+  if (lt::kernels::fusedAttentionBf16OnAmx()) return {false, true};
   return {true};
 }
 

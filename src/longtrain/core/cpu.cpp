@@ -46,8 +46,8 @@ const char* symbolString(const char* name) {
   return fn ? fn() : nullptr;
 }
 
-// Linux hands a process the AMX tile state (8 KiB a thread) only on request (arch_prctl
-// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); before it, a tile instruction faults. Asked once.
+}  // namespace
+
 bool amxTileStateGranted() {
   static const bool granted = [] {
     constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
@@ -55,8 +55,6 @@ bool amxTileStateGranted() {
   }();
   return granted;
 }
-
-}  // namespace
 
 std::string CpuIsa::name() const { return avx512 ? "avx512" : avx2Fma ? "avx2" : "baseline"; }
 
@@ -67,8 +65,7 @@ CpuIsa cpuIsa() {
   isa.avx512 = isa.avx2Fma && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   isa.avx512Bf16 = isa.avx512 && __builtin_cpu_supports("avx512bf16");
-  isa.amxBf16 = isa.avx512Bf16 && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
-                amxTileStateGranted();
+  isa.amxBf16 = isa.avx512Bf16 && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16");
   isa.amd = __builtin_cpu_is("amd");
   return isa;
 }

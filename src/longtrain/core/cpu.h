@@ -16,10 +16,15 @@ struct CpuIsa {
   bool avx512 = false;   // AVX-512 F, BW, DQ and VL, with the OS saving zmm state
   bool amd = false;      // vendor AMD (OpenBLAS calls its AVX2 kernels "Zen" there)
   bool avx512Bf16 = false;  // avx512 and AVX512_BF16 (vdpbf16ps, vcvtne2ps2bf16)
-  bool amxBf16 = false;     // avx512Bf16, AMX-TILE and AMX-BF16, with the OS granting tile state
+  bool amxBf16 = false;     // avx512Bf16, AMX-TILE and AMX-BF16 (the OS's grant: amxTileStateGranted)
   std::string name() const;  // "avx512", "avx2", or "baseline"
 };
 CpuIsa cpuIsa();
+
+// Linux hands a process the AMX tile state (8 KiB a thread) only on request (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); before it, a tile instruction faults. Asks once,
+// on the first call, so only a process that runs tile products asks at all.
+bool amxTileStateGranted();
 
 // Intra-op threads a rank runs: `asked` (train.threads) if positive, else this machine's cores
 // shared among its `localRanks` ranks (at least 1).

@@ -237,7 +237,9 @@ namespace attn_detail {
 int64_t panelFloats(const Shape& s) {
   if (!s.bf16) return s.tile * s.D;  // fp32 packs only right operands: tile x D or D x tile
   const int64_t e = (std::max(s.tile, s.D) + 15) / 16 * 16;
-  // >= (e / 2 rounded up to 16 pairs) x e: a tile-square operand's pairs, padded to AMX's 16 x 16
+  // >= (e / 2 rounded up to 16 pairs) x e: a tile-square operand's pairs, padded to AMX's 16 x 16.
+  // With e = 16k that bound is 256k(k + 1), exactly what AMX's column-read left needs at worst (k
+  // odd, head dim = tile): its pack, 8(k + 1) pair rows x e, then B^T's head dim x 8(k + 1) pairs.
   return e * (e + 16);
 }
 
@@ -245,7 +247,7 @@ namespace {
 std::atomic<bool> amxTurnedOff{false};
 }
 bool bf16ProductsOnAmx() {
-  static const bool amx = cpuIsa().amxBf16;  // asked once: it also asks the OS for the tile state
+  static const bool amx = cpuIsa().amxBf16 && amxTileStateGranted();  // asked once
   return amx && !amxTurnedOff.load(std::memory_order_relaxed);
 }
 int64_t forwardScratch(const Shape& s) { return attn_detail::kBand * s.tile + s.tile * s.D + 2 * s.tile + 4 * panelFloats(s); }
@@ -298,9 +300,11 @@ FusedAttentionOptions savedOptions(AutogradContext* ctx) {
 
 bool fusedAttentionBf16Supported() { return isaSupported(Isa::Avx512Bf16); }
 
+bool fusedAttentionBf16OnAmx() { return fusedAttentionBf16Supported() && attn_detail::bf16ProductsOnAmx(); }
+
 const char* fusedAttentionBf16Engine() {
   if (!fusedAttentionBf16Supported()) return "none";
-  return attn_detail::bf16ProductsOnAmx() ? "AMX" : "AVX512_BF16";
+  return fusedAttentionBf16OnAmx() ? "AMX" : "AVX512_BF16";
 }
 
 void turnOffAmxForTesting(bool off) { attn_detail::amxTurnedOff = off; }

@@ -46,8 +46,10 @@ struct FusedAttentionOptions {
 
 // Whether this CPU runs the bf16 tile products: isaSupported(Isa::Avx512Bf16).
 bool fusedAttentionBf16Supported();
-// What runs them: "AMX" (tile registers, where the CPU has AMX-BF16 and the OS grants it),
-// "AVX512_BF16" (vdpbf16ps), or "none".
+// Whether they run on AMX tiles (the CPU has AMX-BF16, the OS grants the tile state, and
+// turnOffAmxForTesting is off); otherwise on vdpbf16ps.
+bool fusedAttentionBf16OnAmx();
+// Their engine by name, for banners: "AMX", "AVX512_BF16" (vdpbf16ps), or "none".
 const char* fusedAttentionBf16Engine();
 // Tests: run the bf16 products on vdpbf16ps even where AMX is there (false: back to the default).
 void turnOffAmxForTesting(bool off);
