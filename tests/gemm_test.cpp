@@ -216,6 +216,28 @@ TEST(Bf16Gemm, LinearIsFp32MathOnBf16RoundedOperands) {
   EXPECT_GT(relErr(lt::kernels::linear(x, w, lt::kernels::GemmRoute::Bf16), at::linear(x, w)), 1e-4);
 }
 
+// matmulAccumulate on the bf16 route adds the product of the rounded operands to what out held
+// (oneDNN's sum post-op; the widened fallback's BLAS with beta = 1), for each transpose form.
+TEST(Bf16Gemm, AccumulateAddsTheRoundedProduct) {
+  at::manual_seed(13);
+  auto rounded = [](const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kFloat).to(at::kDouble); };
+  for (bool widened : {false, true})
+    for (bool transA : {false, true})
+      for (bool transB : {false, true}) {
+        lt::kernels::forceWidenedBf16ForTesting(widened);
+        const int64_t m = 37, n = 70, k = 129;
+        const auto a = transA ? at::randn({k, m}) : at::randn({m, k}), b = transB ? at::randn({n, k}) : at::randn({k, n});
+        const auto held = at::randn({m, n});
+        auto out = held.clone();
+        lt::kernels::matmulAccumulate(out, a, transA, b, transB, lt::kernels::GemmRoute::Bf16);
+        const auto ra = rounded(a), rb = rounded(b);
+        const auto want = held.to(at::kDouble) + at::mm(transA ? ra.t() : ra, transB ? rb.t() : rb);
+        EXPECT_LE(relErr(out, want.to(at::kFloat)), Tol::kFusedKernel)
+            << "transA " << transA << " transB " << transB << (widened ? ", widened" : "");
+      }
+  lt::kernels::forceWidenedBf16ForTesting(false);
+}
+
 // The whole model on each route: losses within the data-parallel tolerance of each other over
 // 5 steps (the same math, another summation order), and each route bit-identical run to run.
 TEST(OneDnnGemm, TrainingOnEitherRouteAgreesAndRepeatsExactly) {

@@ -22,6 +22,7 @@
 #include "longtrain/core/check.h"
 #include "longtrain/core/cpu.h"
 #include "longtrain/core/torch_compat.h"
+#include "longtrain/core/trace.h"
 #include "longtrain/kernels/footprint.h"
 #include "longtrain/kernels/fused_ops.h"
 
@@ -42,85 +43,6 @@ void sgemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const at::
            ", ", N, "]; set model.gemm=\"blas\" to use OpenBLAS");
 }
 
-// The bf16 matmul for one shape: oneDNN's primitive (AVX512_BF16 or AMX kernels where the CPU has
-// them), with a user scratchpad so that thread-ranks running at once share nothing.
-struct Bf16Matmul {
-  dnnl::matmul::primitive_desc pd;
-  dnnl::matmul prim;
-};
-
-const dnnl::engine& cpuEngine() {
-  static const dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
-
-std::atomic<bool> widenedBf16ForTesting{false};
-
-// nullptr where oneDNN has no bf16 matmul for this CPU but its reference one (2.6's own kernels
-// need AVX-512).
-const Bf16Matmul* bf16Matmul(bool transA, bool transB, int64_t M, int64_t N, int64_t K) {
-  using dt = dnnl::memory::data_type;
-  // Per thread (each thread-rank builds its own); a run has a handful of shapes, generation one per
-  // prompt length, so the cache is bounded by dropping it whole.
-  thread_local std::map<std::tuple<bool, bool, int64_t, int64_t, int64_t>, std::unique_ptr<Bf16Matmul>> cache;
-  const auto key = std::make_tuple(transA, transB, M, N, K);
-  if (auto it = cache.find(key); it != cache.end()) return it->second.get();
-  if (cache.size() >= 64) cache.clear();
-  const dnnl::memory::desc a({M, K}, dt::bf16, transA ? dnnl::memory::dims{1, M} : dnnl::memory::dims{K, 1});
-  const dnnl::memory::desc b({K, N}, dt::bf16, transB ? dnnl::memory::dims{1, K} : dnnl::memory::dims{N, 1});
-  const dnnl::memory::desc c({M, N}, dt::f32, dnnl::memory::dims{N, 1});
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  std::unique_ptr<Bf16Matmul> mm;
-  try {
-    const auto pd = compat::matmulPrimitiveDesc<dnnl::matmul>(cpuEngine(), a, b, c, attr);
-    // oneDNN's reference kernel (any CPU) runs at ~1 GFLOP/s; the BLAS on widened operands is faster.
-    if (std::string(pd.impl_info_str()).rfind("ref", 0) != 0)
-      mm = std::make_unique<Bf16Matmul>(Bf16Matmul{pd, dnnl::matmul(pd)});
-  } catch (const dnnl::error&) {
-    // left null: bf16gemm widens the operands instead
-  }
-  return cache.emplace(key, std::move(mm)).first->second.get();
-}
-
-// c [M, N] fp32 = op(a) op(b) with a, b bf16, contiguous. Without oneDNN's kernel, the same
-// product on the BLAS from the operands widened to fp32 (exact; slow, so bf16.enabled's "only if
-// faster" measurement never picks it; only bf16.only_if_faster=false runs it).
-void bf16gemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const at::Tensor& a, const at::Tensor& b,
-              at::Tensor& c) {
-  LT_ASSERT(a.is_contiguous() && b.is_contiguous() && c.is_contiguous() && a.scalar_type() == at::kBFloat16 &&
-            b.scalar_type() == at::kBFloat16 && c.scalar_type() == at::kFloat);
-  const Bf16Matmul* mm = widenedBf16ForTesting ? nullptr : bf16Matmul(transA, transB, M, N, K);
-  if (!mm) {
-    const auto wa = a.to(at::kFloat).view(transA ? at::IntArrayRef{K, M} : at::IntArrayRef{M, K});
-    const auto wb = b.to(at::kFloat).view(transB ? at::IntArrayRef{N, K} : at::IntArrayRef{K, N});
-    auto c2 = c.view({M, N});  // c has its caller's shape (e.g. dx: x's)
-    at::mm_out(c2, transA ? wa.t() : wa, transB ? wb.t() : wb);
-    return;
-  }
-  const auto& engine = cpuEngine();
-  auto scratch = at::empty({static_cast<int64_t>(mm->pd.scratchpad_desc().get_size())}, at::kByte);
-  thread_local dnnl::stream stream(engine);
-  mm->prim.execute(stream, {{DNNL_ARG_SRC, dnnl::memory(mm->pd.src_desc(), engine, a.data_ptr())},
-                            {DNNL_ARG_WEIGHTS, dnnl::memory(mm->pd.weights_desc(), engine, b.data_ptr())},
-                            {DNNL_ARG_DST, dnnl::memory(mm->pd.dst_desc(), engine, c.data_ptr())},
-                            {DNNL_ARG_SCRATCHPAD, dnnl::memory(mm->pd.scratchpad_desc(), engine, scratch.data_ptr())}});
-  stream.wait();
-}
-
-// What a route's GEMM reads: the fp32 tensor itself, or its bf16 copy (a bf16 tensor as it is).
-at::Tensor operand(const at::Tensor& t, GemmRoute route) {
-  if (route != GemmRoute::Bf16 || t.scalar_type() == at::kBFloat16) return t.contiguous();
-  return toBf16(t);
-}
-
-// Zeroes n floats; in parallel only in pieces of 4 MiB and more, so that the small outputs of a
-// small model's step start no parallel region.
-void zeroFloats(float* p, int64_t n) {
-  constexpr int64_t kGrain = int64_t{1} << 20;
-  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) { std::memset(p + b, 0, sizeof(float) * (e - b)); });
-}
-
 // Rows of c that one OpenBLAS call computes. OpenBLAS packs a [K block x c's rows] panel into
 // per-thread buffers it never returns: a call whose result has R rows leaves up to ~R KiB of them
 // resident (K blocks of 256 floats on Zen), outside the allocator the plan counts. Measured on
@@ -138,6 +60,92 @@ void addProductInRowBlocks(const at::Tensor& c, const at::Tensor& opA, const at:
   }
 }
 
+// The bf16 matmul for one shape: oneDNN's primitive (AVX512_BF16 or AMX kernels where the CPU has
+// them), with a user scratchpad so that thread-ranks running at once share nothing.
+struct Bf16Matmul {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+};
+
+const dnnl::engine& cpuEngine() {
+  static const dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+std::atomic<bool> widenedBf16ForTesting{false};
+
+// nullptr where oneDNN has no bf16 matmul for this CPU but its reference one (2.6's own kernels
+// need AVX-512). `accumulate`: c += the product (oneDNN's sum post-op), no product-sized temporary.
+const Bf16Matmul* bf16Matmul(bool transA, bool transB, int64_t M, int64_t N, int64_t K, bool accumulate = false) {
+  using dt = dnnl::memory::data_type;
+  // Per thread (each thread-rank builds its own); a run has a handful of shapes, generation one per
+  // prompt length, so the cache is bounded by dropping it whole.
+  thread_local std::map<std::tuple<bool, bool, int64_t, int64_t, int64_t, bool>, std::unique_ptr<Bf16Matmul>> cache;
+  const auto key = std::make_tuple(transA, transB, M, N, K, accumulate);
+  if (auto it = cache.find(key); it != cache.end()) return it->second.get();
+  if (cache.size() >= 64) cache.clear();
+  const dnnl::memory::desc a({M, K}, dt::bf16, transA ? dnnl::memory::dims{1, M} : dnnl::memory::dims{K, 1});
+  const dnnl::memory::desc b({K, N}, dt::bf16, transB ? dnnl::memory::dims{1, K} : dnnl::memory::dims{N, 1});
+  const dnnl::memory::desc c({M, N}, dt::f32, dnnl::memory::dims{N, 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (accumulate) {
+    dnnl::post_ops sum;
+    sum.append_sum(1.0f);
+    attr.set_post_ops(sum);
+  }
+  std::unique_ptr<Bf16Matmul> mm;
+  try {
+    const auto pd = compat::matmulPrimitiveDesc<dnnl::matmul>(cpuEngine(), a, b, c, attr);
+    // oneDNN's reference kernel (any CPU) runs at ~1 GFLOP/s; the BLAS on widened operands is faster.
+    if (std::string(pd.impl_info_str()).rfind("ref", 0) != 0)
+      mm = std::make_unique<Bf16Matmul>(Bf16Matmul{pd, dnnl::matmul(pd)});
+  } catch (const dnnl::error&) {
+    // left null: bf16gemm widens the operands instead
+  }
+  return cache.emplace(key, std::move(mm)).first->second.get();
+}
+
+// c [M, N] fp32 = op(a) op(b) (accumulate: c +=) with a, b bf16, contiguous. Without oneDNN's
+// kernel, the same product on the BLAS from the operands widened to fp32 (exact; slow, so
+// bf16.enabled's "only if faster" measurement never picks it; only bf16.only_if_faster=false runs it).
+void bf16gemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const at::Tensor& a, const at::Tensor& b,
+              at::Tensor& c, bool accumulate = false) {
+  LT_ASSERT(a.is_contiguous() && b.is_contiguous() && c.is_contiguous() && a.scalar_type() == at::kBFloat16 &&
+            b.scalar_type() == at::kBFloat16 && c.scalar_type() == at::kFloat);
+  const Bf16Matmul* mm = widenedBf16ForTesting ? nullptr : bf16Matmul(transA, transB, M, N, K, accumulate);
+  if (!mm) {
+    const auto wa = a.to(at::kFloat).view(transA ? at::IntArrayRef{K, M} : at::IntArrayRef{M, K});
+    const auto wb = b.to(at::kFloat).view(transB ? at::IntArrayRef{N, K} : at::IntArrayRef{K, N});
+    auto c2 = c.view({M, N});  // c has its caller's shape (e.g. dx: x's)
+    if (accumulate) addProductInRowBlocks(c2, transA ? wa.t() : wa, transB ? wb.t() : wb);
+    else at::mm_out(c2, transA ? wa.t() : wa, transB ? wb.t() : wb);
+    return;
+  }
+  const auto& engine = cpuEngine();
+  auto scratch = at::empty({static_cast<int64_t>(mm->pd.scratchpad_desc().get_size())}, at::kByte);
+  thread_local dnnl::stream stream(engine);
+  mm->prim.execute(stream, {{DNNL_ARG_SRC, dnnl::memory(mm->pd.src_desc(), engine, a.data_ptr())},
+                            {DNNL_ARG_WEIGHTS, dnnl::memory(mm->pd.weights_desc(), engine, b.data_ptr())},
+                            {DNNL_ARG_DST, dnnl::memory(mm->pd.dst_desc(), engine, c.data_ptr())},
+                            {DNNL_ARG_SCRATCHPAD, dnnl::memory(mm->pd.scratchpad_desc(), engine, scratch.data_ptr())}});
+  stream.wait();
+}
+
+// What a route's GEMM reads: the fp32 tensor itself, or its bf16 copy (a bf16 tensor as it is).
+at::Tensor operand(const at::Tensor& t, GemmRoute route) {
+  if (route != GemmRoute::Bf16 || t.scalar_type() == at::kBFloat16) return t.contiguous();
+  trace::Scope ts("kernel", trace::enabled() ? "to bf16 (" + std::to_string(t.numel()) + ")" : std::string());
+  return toBf16(t);
+}
+
+// Zeroes n floats; in parallel only in pieces of 4 MiB and more, so that the small outputs of a
+// small model's step start no parallel region.
+void zeroFloats(float* p, int64_t n) {
+  constexpr int64_t kGrain = int64_t{1} << 20;
+  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) { std::memset(p + b, 0, sizeof(float) * (e - b)); });
+}
+
 // c [M, N] = op(a) op(b) on ATen's BLAS as c zero-filled plus GEMMs with beta = 1: the same
 // sums (OpenBLAS adds each block of k into c either way), without OpenBLAS 0.3.21's own pass that
 // zeroes c for beta = 0 (9-18% of the quick start's samples; docs/performance.md).
@@ -149,8 +157,15 @@ void blasGemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const a
                         transB ? b.view({N, K}).t() : b.view({K, N}));
 }
 
+// The trace's name for one product: "NT 2048x1024x2816" (op(a) op(b), transposed or not; M x N x K).
+std::string gemmName(bool transA, bool transB, int64_t M, int64_t N, int64_t K) {
+  return std::string(transA ? "T" : "N") + (transB ? "T " : "N ") + std::to_string(M) + "x" + std::to_string(N) + "x" +
+         std::to_string(K);
+}
+
 void routeGemm(GemmRoute route, bool transA, bool transB, int64_t M, int64_t N, int64_t K, const at::Tensor& a,
                const at::Tensor& b, at::Tensor& c) {
+  trace::Scope ts("gemm", trace::enabled() ? gemmName(transA, transB, M, N, K) : std::string());
   if (route == GemmRoute::Bf16) bf16gemm(transA, transB, M, N, K, a, b, c);
   else if (route == GemmRoute::OneDnn) sgemm(transA, transB, M, N, K, a, b, c);
   else blasGemm(transA, transB, M, N, K, a, b, c);
@@ -214,11 +229,12 @@ void matmulInto(at::Tensor& out, const at::Tensor& a, bool transA, const at::Ten
 }
 
 void matmulAccumulate(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route) {
-  if (route == GemmRoute::Bf16) return void(out.add_(matmul(a, transA, b, transB, route)));
   LT_ASSERT(a.dim() == 2 && b.dim() == 2 && out.is_contiguous());
   if (route == GemmRoute::Blas) return addProductInRowBlocks(out, transA ? a.t() : a, transB ? b.t() : b);
   const int64_t M = out.size(0), N = out.size(1), K = a.size(transA ? 0 : 1);
   LT_ASSERT(b.size(transB ? 1 : 0) == K);
+  trace::Scope ts("gemm", trace::enabled() ? gemmName(transA, transB, M, N, K) + " +=" : std::string());
+  if (route == GemmRoute::Bf16) return bf16gemm(transA, transB, M, N, K, operand(a, route), operand(b, route), out, true);
   sgemm(transA, transB, M, N, K, a.contiguous(), b.contiguous(), out, 1.0f);
 }
 

@@ -25,9 +25,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, GemmRoute route);
 // `matmul` allocates out.
 void matmulInto(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);
 at::Tensor matmul(const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);
-// out += op(a) op(b): on the fp32 routes GEMMs with beta = 1 (the BLAS's in row blocks), so no
-// product-sized temporary exists (the LM head's [V, D] weight gradient, per loss tile); the bf16
-// route adds a product.
+// out += op(a) op(b) in the GEMM itself, so no product-sized temporary exists (the LM head's
+// [V, D] weight gradient, per loss tile): beta = 1 on the fp32 routes (the BLAS's in row blocks),
+// oneDNN's sum post-op on the bf16 route (its widened fallback: the BLAS's beta = 1).
 void matmulAccumulate(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route);
 
 // model.gemm "auto": whether oneDNN's sgemm runs the fp32 GEMMs on this CPU. A rule, not a race

@@ -463,14 +463,14 @@ BlockFootprint blockFootprint(const ModelConfig& m, const StepShape& s, const Fo
 // [B, cl, V]). Fused (headLoss): one [B, cl, V] buffer holds the logits, then the
 // probabilities, then their gradient, kept from step to step. Both: the final norm's saved
 // tensors and dh (3 [B, cl, D]), and the LM head's weight-gradient product (V x D), which the
-// fused head on the fp32 routes accumulates in place (matmulAccumulate).
+// fused head accumulates in place on every route (matmulAccumulate).
 Footprint headLossFootprint(const ModelConfig& m, const StepShape& s) {
   const double logits = s.batch * s.lossTile * s.vocab * 4;
   Footprint f;
   if (m.fusedKernels) f.saved.add(1, logits);
   else f.work.add(3, logits);
   f.work.add(3, s.batch * s.lossTile * s.hidden * 4);
-  if (!m.fusedKernels || gemmRoute(m) == GemmRoute::Bf16) f.work.add(1, s.vocab * s.hidden * 4);
+  if (!m.fusedKernels) f.work.add(1, s.vocab * s.hidden * 4);
   if (gemmRoute(m) == GemmRoute::Bf16) {
     // The three GEMMs run one at a time, each on bf16 copies of x and w (dL/dlogits is rounded
     // in place) and with its own scratch: without oneDNN's bf16 kernel (AVX2) the widened
