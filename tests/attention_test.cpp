@@ -323,6 +323,8 @@ TEST(FusedAttention, QueriesAtAnOffsetEqualADenseMask) {
       {1, 17, 9, 2, 1, 8, 4, -3, false},    // keys start after the first queries: rows 0-2 see none
       {2, 21, 15, 4, 2, 8, 4, 15, true},    // documents: rows 15- start after every key
       {1, 26, 26, 2, 1, 16, 8, 0, true},    // the diagonal block with documents
+      // tiles of several 32-row blocks across the diagonal (where the bf16 products skip blocks)
+      {1, 150, 170, 4, 2, 16, 128, 20, true}, {1, 140, 100, 2, 1, 32, 64, -30, false},
   };
   for (const auto& c : cases) {
     auto q = at::randn({c.B, c.S, c.H, c.D}, gen), up = at::randn({c.B, c.S, c.H, c.D}, gen);
@@ -348,6 +350,20 @@ TEST(FusedAttention, QueriesAtAnOffsetEqualADenseMask) {
       auto finite = at::isfinite(refLse);
       EXPECT_LE(relErr(lse.masked_select(finite), refLse.masked_select(finite)), Tol::kFusedKernel) << what << " lse";
     }
+    for (bool amxOff : bf16EnginesAmxOff()) {  // bf16 products: within bf16's rounding
+      lt::kernels::turnOffAmxForTesting(amxOff);
+      lt::kernels::FusedAttentionOptions o;
+      o.tile = c.tile, o.isa = Isa::Avx512Bf16, o.bf16 = true, o.queryOffset = c.offset;
+      if (start.defined()) o.documentStart = start;
+      auto got = runWithGrads(q, k, v, up, [&](auto& a, auto& b, auto& cc) { return lt::kernels::fusedAttention(a, b, cc, o); });
+      const std::vector<std::pair<at::Tensor, at::Tensor>> pairs = {
+          {got.out, ref.out}, {got.dq, ref.dq}, {got.dk, ref.dk}, {got.dv, ref.dv}};
+      for (const auto& [g, r] : pairs)
+        EXPECT_LE(relErr(g, r), Tol::kBf16Attention) << (amxOff ? "vdpbf16ps " : "AMX ") << what;
+      const auto lse = lt::kernels::fusedAttentionForward(q, k, v, o).lse;
+      EXPECT_TRUE(at::equal(at::isinf(lse), at::isinf(refLse))) << what << ": bf16, rows with no key";
+    }
+    lt::kernels::turnOffAmxForTesting(false);
   }
 }
 
