@@ -13,7 +13,8 @@ Footprint fusedAttentionFootprint(const StepShape& s, bool ownsInputs);
 
 // Bytes one bf16 GEMM (gemm.cpp's bf16gemm) allocates while it runs, c [M, N] = op(a) op(b) with
 // op(a) [M, K]: oneDNN's scratchpad for the shape, or where this CPU has no oneDNN bf16 kernel
-// (AVX2) both operands widened to fp32 for the BLAS. Asks oneDNN, as the GEMM does.
-double bf16GemmWorkBytes(bool transA, bool transB, double M, double N, double K);
+// (AVX2) both operands widened to fp32 for the BLAS. Asks oneDNN, as the GEMM does; `accumulate`:
+// the primitive that adds into c (matmulAccumulate).
+double bf16GemmWorkBytes(bool transA, bool transB, double M, double N, double K, bool accumulate = false);
 
 }  // namespace lt::kernels

@@ -208,9 +208,9 @@ struct LinearFn : torch::autograd::Function<LinearFn> {
 
 }  // namespace
 
-double bf16GemmWorkBytes(bool transA, bool transB, double M, double N, double K) {
+double bf16GemmWorkBytes(bool transA, bool transB, double M, double N, double K, bool accumulate) {
   const auto m = static_cast<int64_t>(M), n = static_cast<int64_t>(N), k = static_cast<int64_t>(K);
-  const Bf16Matmul* mm = widenedBf16ForTesting ? nullptr : bf16Matmul(transA, transB, m, n, k);
+  const Bf16Matmul* mm = widenedBf16ForTesting ? nullptr : bf16Matmul(transA, transB, m, n, k, accumulate);
   if (!mm) return 4 * (M * K + K * N);
   return static_cast<double>(mm->pd.scratchpad_desc().get_size());
 }

@@ -480,6 +480,7 @@ Footprint headLossFootprint(const ModelConfig& m, const StepShape& s) {
     f.work.add(1, 2 * (T * D + V * D));
     f.scratch.add(1, std::max({kernels::bf16GemmWorkBytes(false, true, T, V, D),
                             kernels::bf16GemmWorkBytes(true, false, V, D, T),
+                            kernels::bf16GemmWorkBytes(true, false, V, D, T, true),  // dW from step 2: +=
                             kernels::bf16GemmWorkBytes(false, false, T, D, V)}));
   }
   return f;
