@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <limits>
 
@@ -107,14 +108,22 @@ TEST(Trace, TwoRanksWriteOneChromeTraceWithMfuInTheMetrics) {
   std::ifstream f(trace);
   const json t = json::parse(f);
   std::set<std::pair<int, std::string>> seen;  // (rank, category)
+  std::set<std::string> gemmForms;              // "NT" (forward), "NN" (dx), "TN" (dW)
+  const std::regex gemmName("([NT]{2}) [0-9]+x[0-9]+x[0-9]+( \\+=)?");
   for (const auto& e : t["traceEvents"])
     if (e["ph"] == "X") {
       seen.insert({e["pid"].get<int>(), e["cat"].get<std::string>()});
       EXPECT_GE(e["dur"].get<int64_t>(), 0);
+      if (e["cat"] != "gemm") continue;
+      std::smatch m;
+      const auto name = e["name"].get<std::string>();
+      ASSERT_TRUE(std::regex_match(name, m, gemmName)) << "gemm event named '" << name << "'";
+      gemmForms.insert(m[1]);
     }
   for (int rank : {0, 1})
-    for (const char* cat : {"program", "collective", "adam", "step", "kernel"})
+    for (const char* cat : {"program", "collective", "adam", "step", "kernel", "gemm"})
       EXPECT_TRUE(seen.count({rank, cat})) << "rank " << rank << " has no '" << cat << "' event";
+  EXPECT_EQ(gemmForms, (std::set<std::string>{"NN", "NT", "TN"})) << "the forward, dx and dW products";
   std::ifstream m(metrics);
   std::string line;
   int lines = 0;
