@@ -126,11 +126,9 @@ config::Config plannedConfig(const std::string& path, const std::vector<std::str
   config::RunPlan assumed;  // the run measures whether bf16 is faster; plan assumes it is
   const config::Config parsed = config::parseConfig(j, world);
   assumed.kernels.bf16Gemms = parsed.precision.bf16;
-  // bf16.attention as the run decides it (the same measurement), under the model's rule.
-  assumed.kernels.bf16Attention =
-      assumed.kernels.bf16Gemms && parsed.precision.attention && parsed.model.attention == config::AttentionKernel::Fused &&
-      kernels::fusedAttentionBf16Supported() &&
-      (!parsed.precision.onlyIfFaster || train::measureBf16Attention(parsed.model, parsed.data.seqLen).faster);
+  // bf16.attention as the run decides it (the same rule and measurement).
+  assumed.kernels.bf16Attention = train::bf16AttentionAskedFor(parsed, assumed.kernels.bf16Gemms) &&
+                                  train::bf16AttentionWinsHere(parsed);
   return assumed.applied(parsed);
 }
 

@@ -230,10 +230,10 @@ void matmulInto(at::Tensor& out, const at::Tensor& a, bool transA, const at::Ten
 
 void matmulAccumulate(at::Tensor& out, const at::Tensor& a, bool transA, const at::Tensor& b, bool transB, GemmRoute route) {
   LT_ASSERT(a.dim() == 2 && b.dim() == 2 && out.is_contiguous());
-  if (route == GemmRoute::Blas) return addProductInRowBlocks(out, transA ? a.t() : a, transB ? b.t() : b);
   const int64_t M = out.size(0), N = out.size(1), K = a.size(transA ? 0 : 1);
   LT_ASSERT(b.size(transB ? 1 : 0) == K);
   trace::Scope ts("gemm", trace::enabled() ? gemmName(transA, transB, M, N, K) + " +=" : std::string());
+  if (route == GemmRoute::Blas) return addProductInRowBlocks(out, transA ? a.t() : a, transB ? b.t() : b);
   if (route == GemmRoute::Bf16) return bf16gemm(transA, transB, M, N, K, operand(a, route), operand(b, route), out, true);
   sgemm(transA, transB, M, N, K, a.contiguous(), b.contiguous(), out, 1.0f);
 }

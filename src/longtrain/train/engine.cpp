@@ -114,8 +114,7 @@ Engine::Engine(const Config& cfg, comm::Groups groups, EngineOptions opts) : cfg
   // CPU with AVX512_BF16) and it is faster: a CPU capability, so agreeOnPlan() refuses a world
   // whose CPUs differ. The conditions before the measurement are the config's, the same on every
   // rank, so every rank joins its collective.
-  k.bf16Attention = k.bf16Gemms && cfg_.precision.attention &&
-                    cfg_.model.attention == config::AttentionKernel::Fused && chooseBf16Attention();
+  k.bf16Attention = bf16AttentionAskedFor(cfg_, k.bf16Gemms) && chooseBf16Attention();
   LT_ASSERT(k.bf16Attention == model::attentionInBf16(plan_.model(cfg_.model)),
             "bf16.attention's choice and the model's rule (model::attentionInBf16) disagree");
   k.packedDocuments = cfg_.data.packing == config::Packing::Documents;
@@ -253,14 +252,10 @@ bool Engine::chooseBf16() {
   return use;
 }
 
-// Measured (measureBf16Attention) unless only_if_faster is off; every rank must agree.
+// bf16AttentionWinsHere on every rank, then the world's agreement.
 bool Engine::chooseBf16Attention() {
-  bool use = kernels::fusedAttentionBf16Supported();
   Bf16AttentionChoice c;
-  if (use && cfg_.precision.onlyIfFaster) {
-    c = measureBf16Attention(cfg_.model, cfg_.data.seqLen);
-    use = c.faster;
-  }
+  bool use = bf16AttentionWinsHere(cfg_, &c);
   auto t = at::tensor({use ? 1.0 : 0.0}, at::kDouble);
   groups_.world->allReduce(t, comm::ReduceOp::Min).wait();
   use = t.item<double>() > 0;

@@ -76,6 +76,18 @@ Bf16AttentionChoice measureBf16Attention(const model::ModelConfig& m, int64_t se
   return c;
 }
 
+bool bf16AttentionAskedFor(const config::Config& cfg, bool bf16Gemms) {
+  return bf16Gemms && cfg.precision.attention && cfg.model.attention == config::AttentionKernel::Fused;
+}
+
+bool bf16AttentionWinsHere(const config::Config& cfg, Bf16AttentionChoice* measured) {
+  if (!kernels::fusedAttentionBf16Supported()) return false;
+  if (!cfg.precision.onlyIfFaster) return true;
+  const Bf16AttentionChoice c = measureBf16Attention(cfg.model, cfg.data.seqLen);
+  if (measured) *measured = c;
+  return c.faster;
+}
+
 double gemmRelativeError(kernels::GemmRoute route) {
   LT_ASSERT(route != kernels::GemmRoute::Bf16, "gemmRelativeError checks fp32 routes");
   double worst = 0;

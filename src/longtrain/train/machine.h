@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 
+#include "longtrain/config/config.h"
 #include "longtrain/kernels/gemm.h"
 #include "longtrain/model/model.h"
 
@@ -41,6 +42,14 @@ struct Bf16AttentionChoice {
   double fp32Seconds = 0, bf16Seconds = 0;
 };
 Bf16AttentionChoice measureBf16Attention(const model::ModelConfig& m, int64_t seqLen);
+
+// bf16.attention's rule, the one `train` and `plan` share. Asked for: bf16 GEMMs in use, the
+// config's bf16.attention and the fused kernel (the config's alone, so the same on every rank).
+// Wins on this rank: a CPU with AVX512_BF16 and, unless bf16.only_if_faster is off,
+// measureBf16Attention's verdict (written to `measured` when it ran). `train` then takes the
+// world's agreement.
+bool bf16AttentionAskedFor(const config::Config& cfg, bool bf16Gemms);
+bool bf16AttentionWinsHere(const config::Config& cfg, Bf16AttentionChoice* measured = nullptr);
 
 // Largest error of an fp32 GEMM route (at::mm, or oneDNN's sgemm) against a double-precision
 // loop, over odd shapes that exercise the kernel's edge paths, relative to sum_k |a_ik| |b_kj|
